@@ -1,0 +1,118 @@
+"""release.yaml: one schema for a release, unknown keys rejected with a did-you-mean hint.
+
+`relctl promote` works with no file at all: every field has a default that suits the example run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from release.errors import ConfigError
+
+Precision = Literal["fp32", "fp16", "int8", "int4"]
+CONFIG_FILE = "release.yaml"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceConfig(Strict):
+    artifact_path: str = Field("checkpoint", description="run artifact folder holding the HF checkpoint")
+
+
+class MergeConfig(Strict):
+    enabled: bool = Field(True, description="fold a PEFT adapter found in the checkpoint into the base")
+
+
+class ConvertConfig(Strict):
+    precision: Precision = "int4"
+    exporter: Literal["auto", "genai", "torch"] = "auto"
+    # ORT genai execution provider the model is built for.
+    execution_provider: Literal["cpu", "cuda"] = "cpu"
+
+
+class ValidationConfig(Strict):
+    prompts: str | None = Field(
+        None, description="JSONL of {'prompt': ...}; default: the run's validation/prompts.jsonl artifact"
+    )
+    min_top1_agreement: float = Field(0.90, ge=0, le=1)
+    max_mean_kl: float = Field(0.10, ge=0)
+    max_perplexity_increase: float = Field(0.05, ge=0, description="relative, 0.05 = +5%")
+    min_greedy_agreement: float = Field(0.80, ge=0, le=1)
+    max_new_tokens: int = Field(16, ge=1, le=512)
+
+
+class ServingConfig(Strict):
+    concurrency: int = Field(8, ge=1, description="concurrent sequences per replica")
+    context_tokens: int = Field(512, ge=1, description="prompt + output tokens per sequence")
+    gpu_memory_gib: float = Field(24.0, gt=0, description="memory of one accelerator (or host RAM on CPU)")
+    workspace_fraction: float = Field(0.10, ge=0, le=1, description="activation/workspace share of weights+KV")
+    rollout_replicas: int = Field(2, ge=1, description="replicas side by side during a rolling update")
+
+
+class ReleaseConfig(Strict):
+    model: str | None = Field(None, description="registered model name; default: the run's experiment name")
+    source: SourceConfig = SourceConfig()
+    merge: MergeConfig = MergeConfig()
+    convert: ConvertConfig = ConvertConfig()
+    validation: ValidationConfig = ValidationConfig()
+    serving: ServingConfig = ServingConfig()
+    # Each gate validates its own block (gates/<id>.py); unknown gate ids are refused there.
+    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
+    """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`."""
+    data: dict[str, Any] = {}
+    label = path.name if path else CONFIG_FILE
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{label}: invalid YAML{where}", hint="fix the YAML syntax") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{label}: top level must be a mapping", hint="see templates/release.yaml")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        return ReleaseConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(label, exc) from exc
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def _config_error(label: str, exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    where = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        model: type[BaseModel] = ReleaseConfig
+        for part in loc[:-1]:
+            field = model.model_fields.get(part)
+            ann = field.annotation if field else None
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                model = ann
+        close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1)
+        hint = f"did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else (
+            f"known keys here: {', '.join(model.model_fields)}"
+        )
+        return ConfigError(f"{label}: unknown key '{where}'", hint=hint)
+    return ConfigError(f"{label}: {where}: {err['msg']}", hint="see templates/release.yaml for the schema")

@@ -1,0 +1,1 @@
+"""Pipeline stages, in order: intake, merge, convert, validate, package, (gates), register."""
