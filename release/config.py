@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.errors import ConfigError
+from release.serving.settings import ServerSettings
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 CONFIG_FILE = "release.yaml"
@@ -54,6 +55,7 @@ class ServingConfig(Strict):
     gpu_memory_gib: float = Field(24.0, gt=0, description="memory of one accelerator (or host RAM on CPU)")
     workspace_fraction: float = Field(0.10, ge=0, le=1, description="activation/workspace share of weights+KV")
     rollout_replicas: int = Field(2, ge=1, description="replicas side by side during a rolling update")
+    server: ServerSettings = Field(default_factory=ServerSettings, description="relctl serve: limits, queue, logs")
 
 
 class ReleaseConfig(Strict):
