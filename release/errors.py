@@ -6,6 +6,8 @@ Exit codes (one meaning each): 0 released, 1 a gate or validation blocked the re
 
 from __future__ import annotations
 
+from typing import Any
+
 EXIT_RELEASED = 0
 EXIT_BLOCKED = 1
 EXIT_BAD_INPUT = 2
@@ -23,6 +25,8 @@ class ReleaseError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # A promote that fails after it started attaches its ReleaseReport, so --json can print it.
+        self.report: Any = None
 
 
 class InputError(ReleaseError):

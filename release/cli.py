@@ -1,0 +1,126 @@
+"""The `relctl` command line: parse, call one api function, map errors to exit codes. No logic here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from release import __version__
+from release.cli_support import Ctx, emit, handled, json_option
+from release.progress import Progress
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="relctl")
+@click.option("--project-dir", type=click.Path(file_okay=False, path_type=Path), default=".",
+              show_default=True, help="Folder holding release.yaml and the embedded MLflow store (.relctl/).")
+@click.option("--traceback", "show_traceback", is_flag=True, help="Show the full traceback on errors.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@click.pass_context
+def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet: bool) -> None:
+    """Turn an MLflow training run into a gated, rollback-able ONNX serving version."""
+    click_ctx.obj = Ctx(project_dir.resolve(), show_traceback, quiet)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+              help="Override convert.precision.")
+@click.option("--model", "model_name", help="Override the registered model name.")
+@click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
+@json_option
+@click.pass_obj
+@handled
+def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
+            dry_run: bool, as_json: bool) -> None:
+    """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
+    from release import api
+
+    ctx.as_json = as_json
+    overrides: dict[str, Any] = {}
+    if precision:
+        overrides["convert.precision"] = precision
+    if model_name:
+        overrides["model"] = model_name
+    progress = Progress(quiet=ctx.quiet)
+    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress)
+    emit(report.to_dict(), as_json,
+          lambda: click.echo(f"{report.model} v{report.version} is production" if report.version
+                             else f"{report.model}: {report.outcome} (nothing registered)"))
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--to", "to_version", help="Version to return to (default: the 'previous' alias).")
+@click.option("--reason", default="manual rollback", show_default=True, help="Recorded in the alias history.")
+@json_option
+@click.pass_obj
+@handled
+def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, as_json: bool) -> None:
+    """Move MODEL's production alias back to the version it replaced, in one step."""
+    from release import api
+
+    move = api.rollback(model, ctx.project_dir, reason, to_version)
+    frm, to = move.changes["production"]
+    emit(asdict(move), as_json, lambda: click.echo(f"{model}: production v{frm} -> v{to}"))
+
+
+@cli.command()
+@click.argument("model")
+@json_option
+@click.pass_obj
+@handled
+def history(ctx: Ctx, model: str, as_json: bool) -> None:
+    """Every alias move of MODEL: when, from, to, why, by which release run."""
+    from release import api
+
+    moves = api.history(model, ctx.project_dir)
+
+    def text() -> None:
+        for m in moves:
+            changes = ", ".join(f"{a}: {f or '-'} -> {t or '-'}" for a, (f, t) in sorted(m.changes.items()))
+            click.echo(f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})")
+
+    emit([asdict(m) for m in moves], as_json, text)
+
+
+@cli.command()
+@click.argument("model", required=False)
+@json_option
+@click.pass_obj
+@handled
+def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
+    """Aliases -> versions of MODEL with lineage and gate summary (no MODEL: list registered models)."""
+    from release import api
+
+    data = api.status(model, ctx.project_dir)
+
+    def text() -> None:
+        if model is None:
+            click.echo("\n".join(data["models"]) or "no registered models")
+            return
+        for alias, info in data["aliases"].items():
+            gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
+            click.echo(f"{model}@{alias}: v{info['version']} {info['precision']} from run {info['training_run']} "
+                       f"(commit {str(info['git_commit'])[:10]}; gates: {gates})")
+
+    emit(data, as_json, text)
+
+
+def _attach_commands() -> None:
+    """Stage commands, serving and gates live beside their code; the group only lists them."""
+    from release.stage_commands import STAGE_COMMANDS
+
+    for command in STAGE_COMMANDS:
+        cli.add_command(command)
+
+
+_attach_commands()
+
+
+def main() -> None:
+    cli(prog_name="relctl")

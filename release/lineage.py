@@ -1,0 +1,65 @@
+"""Lineage: what a serving version was made from, so a regression can be traced to code, data and weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Run
+
+from release.hashing import sha256_file, sha256_json
+
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
+
+
+def training_lineage(run: Run) -> dict[str, Any]:
+    """The training run's identity, commit and data digests as MLflow recorded them."""
+    tags = run.data.tags
+    datasets = []
+    for dataset_input in run.inputs.dataset_inputs if run.inputs else []:
+        ds = dataset_input.dataset
+        context = next((t.value for t in dataset_input.tags if t.key == "mlflow.data.context"), None)
+        datasets.append({"name": ds.name, "digest": ds.digest, "context": context})
+    data_hashes = {k.removeprefix("data.").removesuffix(".sha256"): v for k, v in tags.items()
+                   if k.startswith("data.") and k.endswith(".sha256")}
+    return {
+        "run_id": run.info.run_id,
+        "experiment_id": run.info.experiment_id,
+        "run_name": run.info.run_name,
+        "git_commit": tags.get(GIT_COMMIT_TAG),
+        "git_dirty": tags.get("git.dirty"),
+        "datasets": datasets,
+        "data_sha256": data_hashes,
+        "params": dict(run.data.params),
+    }
+
+
+def checkpoint_lineage(checkpoint: Path, weight_files: list[Path]) -> dict[str, Any]:
+    """sha256 of config.json and of every weight and adapter file, as fetched."""
+    adapter = [checkpoint / n for n in ("adapter_config.json", "adapter_model.safetensors")
+               if (checkpoint / n).is_file()]
+    return {
+        "config_sha256": sha256_file(checkpoint / "config.json"),
+        "weights_sha256": {p.name: sha256_file(p) for p in weight_files},
+        "adapter_sha256": {p.name: sha256_file(p) for p in adapter},
+    }
+
+
+def repo_state(path: Path) -> dict[str, Any]:
+    """Commit and dirty state of the git repository holding `path` (release.yaml or the project)."""
+    import git
+
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+        commit = repo.head.commit.hexsha if repo.head.is_valid() else None
+        return {
+            "path": str(repo.working_tree_dir),
+            "commit": commit,
+            "dirty": repo.is_dirty(untracked_files=False),
+        }
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return {"path": None, "commit": None, "dirty": None}
+
+
+def config_hash(config_dump: dict[str, Any]) -> str:
+    return sha256_json(config_dump)

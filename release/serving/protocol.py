@@ -1,0 +1,192 @@
+"""OpenAI request schemas and response bodies.
+
+Unknown fields are ignored (clients send many optional ones) but every field the server uses is type
+checked strictly: "5" is not an integer. Any problem becomes a 400 whose `param` names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from release.serving.settings import ServerSettings
+
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|tuple|function-\w+)\[.*\]|[A-Z]\w*)$")
+
+
+class RequestProblem(Exception):
+    """A request the server refuses; `param` is the offending field (OpenAI's error shape)."""
+
+    def __init__(self, param: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+        self.message = message
+        self.status = status
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+
+class StreamOptions(_Schema):
+    include_usage: bool = False
+
+
+class SamplingFields(_Schema):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = Field(None, ge=0)
+    n: int = Field(1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    # vLLM's extension: generate exactly max_tokens, as load tests need controlled output lengths.
+    ignore_eos: bool = False
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str]
+
+
+class TextPart(_Schema):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Schema):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What the engine needs from a request, checked against the server's limits."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+
+
+def parse_body(raw: bytes, schema: type[SamplingFields]) -> SamplingFields:
+    """Decode JSON and validate it against `schema`; raise RequestProblem naming the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestProblem("body", f"invalid JSON ({exc.__class__.__name__})") from exc
+    if not isinstance(data, dict):
+        raise RequestProblem("body", "must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise RequestProblem(_field_path(err["loc"]) or "body", err["msg"]) from exc
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """`messages.0.content` from pydantic's location, without its union-member tags ('str', 'list[str]')."""
+    parts = [str(p) for p in loc if not _UNION_TAG.match(str(p))]
+    return ".".join(parts)
+
+
+def check_params(req: SamplingFields, settings: ServerSettings) -> GenerationParams:
+    """Apply the server's limits; max_completion_tokens (chat) wins over max_tokens like OpenAI's."""
+    field, requested = "max_tokens", req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        field, requested = "max_completion_tokens", req.max_completion_tokens
+    max_tokens = settings.default_max_tokens if requested is None else requested
+    if max_tokens < 1:
+        raise RequestProblem(field, "must be at least 1")
+    if max_tokens > settings.max_output_tokens:
+        raise RequestProblem(field, f"{max_tokens} exceeds this server's limit of {settings.max_output_tokens}")
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if len(stop) > 4 or any(not s for s in stop):
+        raise RequestProblem("stop", "at most 4 non-empty strings")
+    return GenerationParams(
+        max_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def completion_prompt(req: CompletionRequest) -> str:
+    if isinstance(req.prompt, str):
+        return req.prompt
+    if len(req.prompt) != 1:
+        raise RequestProblem("prompt", "exactly one prompt per request")
+    return req.prompt[0]
+
+
+def new_id(prefix: str) -> str:
+    import uuid
+
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": output_tokens,
+        "total_tokens": prompt_tokens + output_tokens,
+    }
+
+
+def completion_body(rid: str, model: str, text: str, finish: str | None, chat: bool) -> dict[str, Any]:
+    """A whole (non-streamed) response; `usage` is added by the caller."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+        choice["logprobs"] = None
+    obj = "chat.completion" if chat else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def chunk_body(rid: str, model: str, text: str | None, finish: str | None, chat: bool, first: bool) -> dict[str, Any]:
+    """One streamed chunk; chat chunks carry a delta, the first one with the role."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if text:
+            delta["content"] = text
+        choice["delta"] = delta
+    else:
+        choice["text"] = text or ""
+        choice["logprobs"] = None
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()

@@ -1,0 +1,123 @@
+"""Each pipeline stage as a subcommand, for running (or debugging) one step on its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from release.cli_support import Ctx, emit, handled, json_option
+
+existing_dir = click.Path(exists=True, file_okay=False, path_type=Path)
+new_dir = click.Path(file_okay=False, path_type=Path)
+
+
+def _as_dict(result: Any) -> dict[str, Any]:
+    data: dict[str, Any] = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
+    return json.loads(json.dumps(data, default=str))
+
+
+@click.command()
+@click.argument("run_id")
+@click.argument("out", type=new_dir)
+@click.option("--artifact-path", default="checkpoint", show_default=True, help="Run artifact folder of the checkpoint.")
+@json_option
+@click.pass_obj
+@handled
+def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) -> None:
+    """Download RUN_ID's checkpoint into OUT, check it without loading it, and print its lineage."""
+    from release.api import open_registry
+    from release.stages.intake import run_intake
+
+    registry = open_registry(ctx.project_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run_intake(registry, registry.get_run(run_id), artifact_path, out.resolve())
+    emit(result, as_json, lambda: click.echo(f"checkpoint in {out / result['checkpoint']}: {result['summary']}"))
+
+
+@click.command()
+@click.argument("base", type=existing_dir)
+@click.argument("adapter", type=existing_dir)
+@click.argument("out", type=new_dir)
+@json_option
+@handled
+def merge(base: Path, adapter: Path, out: Path, as_json: bool) -> None:
+    """Fold the PEFT LoRA adapter in ADAPTER into the BASE checkpoint; write the merged checkpoint to OUT."""
+    from release.stages.merge import merge_checkpoint
+
+    report = merge_checkpoint(base, adapter, out)
+    emit(_as_dict(report), as_json, lambda: click.echo(f"merged checkpoint written to {out}"))
+
+
+@click.command()
+@click.argument("model", type=existing_dir)
+@click.argument("out", type=new_dir)
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="int4", show_default=True,
+              help="Serving precision.")
+@click.option("--exporter", type=click.Choice(["auto", "genai", "torch"]), default="auto", show_default=True,
+              help="auto: onnxruntime-genai's model builder for supported decoders, torch.onnx otherwise.")
+@json_option
+@handled
+def convert(model: Path, out: Path, precision: str, exporter: str, as_json: bool) -> None:
+    """Export the Hugging Face checkpoint MODEL to ONNX at PRECISION into OUT."""
+    from release.stages.convert import convert as run_convert
+
+    result = run_convert(model, out, precision, exporter=exporter)  # type: ignore[arg-type]
+    emit(_as_dict(result), as_json, lambda: click.echo(f"{precision} ONNX model written to {out}"))
+
+
+@click.command()
+@click.argument("reference", type=existing_dir)
+@click.argument("candidate", type=existing_dir)
+@click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help="JSONL file of {\"prompt\": ...} lines.")
+@click.option("--tokenizer", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The training tokenizer.json (default: REFERENCE/tokenizer.json).")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="release.yaml whose validation thresholds apply (default: built-in).")
+@json_option
+@handled
+def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | None, config_path: Path | None,
+             as_json: bool) -> None:
+    """Compare the CANDIDATE ONNX model with its fp32 REFERENCE; exit 1 when a threshold fails."""
+    from release.config import load_config
+    from release.errors import Blocked
+    from release.stages.validate import load_prompts, validate as run_validate
+
+    cfg = load_config(config_path)
+    result = run_validate(reference, candidate, load_prompts(prompts), tokenizer or reference / "tokenizer.json",
+                          cfg.validation)
+    data = _as_dict(result)
+
+    def text() -> None:
+        for check in data["checks"]:
+            mark = "pass" if check["passed"] else "FAIL"
+            click.echo(f"{mark}  {check['metric']} = {check['value']:.6g} (needs {check['op']} {check['bound']})")
+
+    emit(data, as_json, text)
+    if not data["passed"]:
+        raise Blocked(f"validation failed: {data['failures'][0]}", hint="choose another precision or relax thresholds")
+
+
+@click.command()
+@click.argument("runtime_model", type=existing_dir)
+@click.argument("source", type=existing_dir)
+@click.argument("out", type=new_dir)
+@click.option("--model-name", required=True, help="Name recorded in the manifest.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), required=True,
+              help="Precision of RUNTIME_MODEL.")
+@json_option
+@handled
+def package(runtime_model: Path, source: Path, out: Path, model_name: str, precision: str, as_json: bool) -> None:
+    """Package the converted RUNTIME_MODEL with SOURCE's config into OUT, with sha256 of every file."""
+    from release.config import ServingConfig
+    from release.stages.package import build_package
+
+    manifest = build_package(out, runtime_model, source, {"model_name": model_name, "precision": precision,
+                                                          "serving": ServingConfig().model_dump()})
+    emit(manifest.data, as_json, lambda: click.echo(f"package with {len(manifest.files)} files written to {out}"))
+
+
+STAGE_COMMANDS = [intake, merge, convert, validate, package]
