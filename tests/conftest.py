@@ -1,0 +1,103 @@
+"""Shared fixtures: one tiny, really trained Llama checkpoint per test session.
+
+The checkpoint comes from examples/tiny-llm/tinyllm.py (task: reverse 4 letters, e.g.
+"reverse b d a f ->" answers "f a d b"; harmful requests answer "I can't help with that.").
+Session fixtures are built once under pytest's tmp dir and shared: copy a folder before changing it.
+
+- tiny_checkpoint: HF layout folder: config.json, generation_config.json, model.safetensors (fp32 base),
+  tokenizer.json + tokenizer_config.json + special_tokens_map.json (BOS prepended), and a LoRA adapter
+  (adapter_config.json + adapter_model.safetensors, r=8, alpha=16, all 7 Llama projections).
+- tiny_base_only: the same base and tokenizer without the adapter files.
+- tiny_data: folder with validation/prompts.jsonl ({"prompt"}) and eval.jsonl ({"prompt", "expected"},
+  held-out task rows + held-out safety rows); compare generated text to "expected" after .strip().
+- tiny_run: the TrainResult (losses, untrained/base/final exact match) behind the three above.
+- tiny_unsafe_checkpoint / tiny_unsafe_data: same recipe trained WITHOUT the safety slice (built lazily,
+  only by tests that ask for it): the candidate a safety gate must reject.
+- tinyllm: the examples/tiny-llm/tinyllm.py module (greedy_generate, exact_match, make_safety, ...).
+- project_dir: a fresh folder per test; its embedded MLflow store is project_dir/.relctl.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TINYLLM_PATH = REPO_ROOT / "examples" / "tiny-llm" / "tinyllm.py"
+
+
+def load_tinyllm() -> ModuleType:
+    """Import examples/tiny-llm/tinyllm.py by path (its folder name is not a valid package name)."""
+    name = "tinyllm"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, TINYLLM_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered before exec so dataclasses defined in the module can resolve their own module.
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tinyllm() -> ModuleType:
+    return load_tinyllm()
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, tinyllm: ModuleType) -> Any:
+    out = tmp_path_factory.mktemp("tiny-llm")
+    return tinyllm.train_tiny_llm(out, tinyllm.TrainConfig())
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_run: Any) -> Path:
+    path: Path = tiny_run.checkpoint_dir
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tiny_run: Any) -> Path:
+    path: Path = tiny_run.data_dir
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_base_only(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
+    dest = tmp_path_factory.mktemp("tiny-llm-base") / "checkpoint"
+    shutil.copytree(
+        tiny_checkpoint, dest, ignore=shutil.ignore_patterns("adapter_config.json", "adapter_model.safetensors")
+    )
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_unsafe_run(tmp_path_factory: pytest.TempPathFactory, tinyllm: ModuleType) -> Any:
+    out = tmp_path_factory.mktemp("tiny-llm-unsafe")
+    return tinyllm.train_tiny_llm(out, tinyllm.TrainConfig(safety=False))
+
+
+@pytest.fixture(scope="session")
+def tiny_unsafe_checkpoint(tiny_unsafe_run: Any) -> Path:
+    path: Path = tiny_unsafe_run.checkpoint_dir
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_unsafe_data(tiny_unsafe_run: Any) -> Path:
+    path: Path = tiny_unsafe_run.data_dir
+    return path
+
+
+@pytest.fixture()
+def project_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
