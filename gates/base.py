@@ -59,6 +59,8 @@ class GateContext:
     package_dir: Path          # the candidate package (verified)
     work_dir: Path             # this gate's own folder for evidence files
     production: ProductionRef | None
+    # The eval set handed in by the pipeline (the run's data/eval.jsonl artifact); gates.eval.dataset wins.
+    eval_dataset: Path | None = None
 
 
 class Gate(Protocol):
