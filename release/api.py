@@ -56,11 +56,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     with tempfile.TemporaryDirectory() as tmp:
         fetch_package(registry, model, target, Path(tmp))  # refuses a package whose checksums differ
     # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
-    replaced = None
-    for move in registry.history(model):
-        change = move.changes.get(PRODUCTION)
-        if move.action == "promote" and change and change[1] == target:
-            replaced = change[0]
+    replaced = registry.replaced_by(model, target)
     return registry.move_aliases(
         model, {PRODUCTION: target, PREVIOUS: replaced}, "rollback", reason, release_run=None
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from release.progress import Progress
 @click.pass_context
 def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet: bool) -> None:
     """Turn an MLflow training run into a gated, rollback-able ONNX serving version."""
+    # MLflow's download bars and table-creation INFO lines drown relctl's one line per stage.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     click_ctx.obj = Ctx(project_dir.resolve(), show_traceback, quiet)
 
 

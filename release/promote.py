@@ -19,7 +19,7 @@ from release.hashing import sha256_file
 from release.lineage import repo_state
 from release.pipeline import Pipeline, StageOutcome
 from release.progress import Progress
-from release.registry import PREVIOUS, PRODUCTION, Registry
+from release.registry import PREVIOUS, Registry
 from release.report import ReleaseReport, model_card
 from release.stages import register as reg
 from release.stages.intake import run_intake
@@ -211,16 +211,13 @@ class Promotion:
         version = reg.register_version(self.registry, name, report.release_run, info.model_uri,
                                        getattr(info, "model_id", None), tags, model_card(report))
         report.version = version
-        current = self.registry.version_for(name, PRODUCTION)
-        changes: dict[str, str | None] = {PRODUCTION: version}
-        if current is not None:
-            changes[PREVIOUS] = str(current.version)
-        move = self.registry.move_aliases(name, changes, "promote",
-                                          f"promoted from training run {report.training_run}", report.release_run)
+        move = self.registry.promote(name, version, f"promoted from training run {report.training_run}",
+                                     report.release_run)
         report.aliases = move.changes
         self.registry.client.update_model_version(name, version, description=model_card(report))
+        previous = move.changes.get(PREVIOUS, [None, None])[1]
         self.progress.done("register", 0.0, f"{name} v{version} is production"
-                           + (f" (previous: v{changes[PREVIOUS]})" if PREVIOUS in changes else ""))
+                           + (f" (previous: v{previous})" if previous else ""))
 
     def _log_report(self, report: ReleaseReport) -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -95,7 +95,7 @@ class Registry:
             self.client.create_registered_model(name, description=description)
 
     def aliases(self, name: str) -> dict[str, str]:
-        return dict(self.client.get_registered_model(name).aliases)
+        return {alias: str(v) for alias, v in self.client.get_registered_model(name).aliases.items()}
 
     def version_for(self, name: str, alias: str) -> ModelVersion | None:
         try:
@@ -156,6 +156,23 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"cannot move aliases of '{name}': {exc.message}") from exc
         return move
+
+    def promote(self, name: str, version: str, reason: str, release_run: str | None) -> AliasMove:
+        """`production` -> version; `previous` -> the version production pointed at before, if any."""
+        current = self.version_for(name, PRODUCTION)
+        changes: dict[str, str | None] = {PRODUCTION: version}
+        if current is not None and str(current.version) != version:
+            changes[PREVIOUS] = str(current.version)
+        return self.move_aliases(name, changes, "promote", reason, release_run)
+
+    def replaced_by(self, name: str, version: str) -> str | None:
+        """The version `version` replaced as production when it was last promoted (from relctl's history)."""
+        replaced = None
+        for move in self.history(name):
+            change = move.changes.get(PRODUCTION)
+            if move.action == "promote" and change and change[1] == version:
+                replaced = change[0]
+        return replaced
 
     def history(self, name: str) -> list[AliasMove]:
         tags = self.client.get_registered_model(name).tags

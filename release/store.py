@@ -48,8 +48,17 @@ def connect(store: Store) -> None:
     if store.embedded:
         db_path = Path(store.tracking_uri.removeprefix("sqlite:///"))
         db_path.parent.mkdir(parents=True, exist_ok=True)
+    # mlflow.set_*_uri also export MLFLOW_TRACKING_URI/MLFLOW_REGISTRY_URI into os.environ; that would
+    # make the next resolve_store() mistake relctl's own choice for the user's. MLflow's module-level
+    # URI wins over the variable, so restoring the environment keeps both right.
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
     mlflow.set_tracking_uri(store.tracking_uri)
     mlflow.set_registry_uri(store.tracking_uri)
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def ensure_experiment(store: Store, name: str) -> str:

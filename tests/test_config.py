@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from release.config import load_config
+from release.errors import ConfigError
+
+
+def test_no_file_gives_working_defaults() -> None:
+    cfg = load_config(None)
+    assert cfg.convert.precision == "int4"
+    assert 0 < cfg.validation.min_top1_agreement <= 1
+
+
+def test_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
+    path = tmp_path / "release.yaml"
+    path.write_text("convert:\n  precison: fp16\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == "release.yaml: unknown key 'convert.precison'"
+    assert info.value.hint == "did you mean 'convert.precision'?"
+
+
+def test_bad_value_names_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "release.yaml"
+    path.write_text("convert:\n  precision: int3\n")
+    with pytest.raises(ConfigError, match=r"release.yaml: convert.precision: Input should be"):
+        load_config(path)
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "release.yaml"
+    path.write_text("model: a\nconvert: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML at line"):
+        load_config(path)
+
+
+def test_overrides_apply_on_top_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "release.yaml"
+    path.write_text("model: tiny\nconvert:\n  precision: fp16\n")
+    cfg = load_config(path, {"convert.precision": "int8"})
+    assert (cfg.model, cfg.convert.precision) == ("tiny", "int8")

@@ -1,0 +1,98 @@
+"""Aliases, relctl's alias history and rollback, on a real MLflow SQLite store and real packages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+
+from release import api
+from release.cli import cli
+from release.registry import Registry
+from release.stages.package import build_package
+from release.store import connect, ensure_experiment, resolve_store
+from release.versions import PACKAGE_URI_TAG
+
+MODEL = "demo-model"
+
+
+def _register(project_dir: Path, tmp: Path, n: int) -> str:
+    """A registered version whose package is a real relctl package logged to a real MLflow run."""
+    runtime, source = tmp / f"rt{n}", tmp / f"src{n}"
+    runtime.mkdir()
+    source.mkdir()
+    (runtime / "genai_config.json").write_text(json.dumps({"model": {"type": "llama", "n": n}}))
+    (runtime / "model.onnx").write_bytes(bytes([n]) * 128)
+    (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    package = build_package(tmp / f"pkg{n}", runtime, source, {"model_name": MODEL, "precision": "fp32"})
+    store = resolve_store(project_dir)
+    connect(store)
+    registry = Registry(store)
+    mlflow.set_experiment(experiment_id=ensure_experiment(store, "releases"))
+    with mlflow.start_run() as run:
+        mlflow.log_artifacts(str(package.root), "package")
+        uri = f"runs:/{run.info.run_id}/package"
+    registry.ensure_model(MODEL, "test")
+    mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id,
+                                 {PACKAGE_URI_TAG: uri}, f"v{n}")
+    registry.promote(MODEL, str(mv.version), f"release {n}", run.info.run_id)
+    return str(mv.version)
+
+
+def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
+    v1 = _register(project_dir, tmp_path, 1)
+    registry = Registry(resolve_store(project_dir))
+    assert registry.aliases(MODEL) == {"production": v1}
+    v2 = _register(project_dir, tmp_path, 2)
+    assert registry.aliases(MODEL) == {"production": v2, "previous": v1}
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--project-dir", str(project_dir), "rollback", MODEL, "--reason", "p99 regression"])
+    assert result.exit_code == 0, result.output
+    assert f"production v{v2} -> v{v1}" in result.output
+    # v1 replaced nothing, so after going back to it there is no `previous`.
+    assert registry.aliases(MODEL) == {"production": v1}
+
+    result = runner.invoke(cli, ["--project-dir", str(project_dir), "history", MODEL, "--json"])
+    assert result.exit_code == 0, result.output
+    moves = json.loads(result.output)
+    assert [m["action"] for m in moves] == ["promote", "promote", "rollback"]
+    assert moves[0]["changes"] == {"production": [None, v1]}
+    assert moves[1]["changes"] == {"production": [v1, v2], "previous": [None, v1]}
+    assert moves[2]["changes"] == {"production": [v2, v1], "previous": [v1, None]}
+    assert moves[2]["reason"] == "p99 regression"
+    assert all(m["at"] <= n["at"] for m, n in zip(moves, moves[1:]))
+
+
+def test_rollback_without_previous_is_bad_input(project_dir: Path, tmp_path: Path) -> None:
+    _register(project_dir, tmp_path, 1)
+    result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "rollback", MODEL])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == f"error: {MODEL}: no 'previous' alias, so there is nothing to roll back to"
+
+
+def test_rollback_refuses_a_tampered_package(project_dir: Path, tmp_path: Path) -> None:
+    v1 = _register(project_dir, tmp_path, 1)
+    v2 = _register(project_dir, tmp_path, 2)
+    registry = Registry(resolve_store(project_dir))
+    run_id = registry.get_version(MODEL, v1).run_id
+    artifact = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package/model/model.onnx"
+    artifact.write_bytes(b"tampered")
+    result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "rollback", MODEL])
+    assert result.exit_code == 2
+    assert "model/model.onnx does not match its sha256" in result.stderr
+    assert registry.aliases(MODEL) == {"production": v2, "previous": v1}
+
+
+def test_status_and_unknown_model(project_dir: Path, tmp_path: Path) -> None:
+    v1 = _register(project_dir, tmp_path, 1)
+    data = api.status(MODEL, project_dir)
+    assert data["aliases"]["production"]["version"] == v1
+    result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "status", "nope"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: registered model 'nope' not found")
+    with pytest.raises(Exception):
+        api.history("nope", project_dir)
