@@ -1,0 +1,31 @@
+"""Library entry points behind `relctl serve` and `relctl bench` (the CLI only parses and calls these)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from release.serving.server import load_state, package_settings, run_server
+from release.serving.settings import ServerSettings
+from release.serving.source import resolve_package
+
+
+def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: Path,
+          config_path: Path | None = None, ready_file: Path | None = None,
+          on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Verify and load `spec` (package folder or `<model>@<alias>`) and serve it until SIGINT/SIGTERM.
+
+    Settings: `serving.server` of `config_path` (release.yaml) when given, else the package's own.
+    `on_ready` receives {url, pid, model, serving_config, load_time_s} once the server listens.
+    """
+    package = resolve_package(spec, project_dir)
+    settings = _settings(config_path) if config_path is not None else package_settings(package)
+    state = load_state(package, settings, project_dir)
+    run_server(state, host, port, ready_file=ready_file, on_ready=on_ready)
+
+
+def _settings(config_path: Path) -> ServerSettings:
+    from release.config import load_config
+
+    return load_config(config_path).serving.server

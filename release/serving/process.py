@@ -1,0 +1,82 @@
+"""A `relctl serve` child process: started on a free port of 127.0.0.1, ready when it has loaded the
+model and is listening, stopped with SIGTERM (graceful: in-flight requests finish)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from release.errors import StageFailed
+
+
+class ServerProcess:
+    """Context manager around `python -m release.serving serve SPEC --port 0` in `work_dir`."""
+
+    def __init__(self, spec: str, work_dir: Path, config: Path | None = None, project_dir: Path | None = None,
+                 start_timeout_s: float = 180.0) -> None:
+        self.spec = spec
+        self.work_dir = work_dir
+        self.config = config
+        self.project_dir = project_dir or work_dir
+        self.start_timeout_s = start_timeout_s
+        self.info: dict[str, Any] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return str(self.info["url"])
+
+    def start(self) -> ServerProcess:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        ready = self.work_dir / "server-ready.json"
+        ready.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "release.serving", "serve", self.spec, "--host", "127.0.0.1", "--port", "0",
+               "--ready-file", str(ready), "--project-dir", str(self.project_dir)]
+        if self.config is not None:
+            cmd += ["--config", str(self.config)]
+        log = (self.work_dir / "server.log").open("wb")
+        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        log.close()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not ready.is_file():
+            if self._proc.poll() is not None:
+                raise StageFailed(f"relctl serve {self.spec}: exited with {self._proc.returncode}: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StageFailed(f"relctl serve {self.spec}: not ready after {self.start_timeout_s:.0f}s")
+            time.sleep(0.05)
+        self.info = json.loads(ready.read_text())
+        httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM, then wait for the drain; kill only if it does not exit within `timeout_s`."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def _log_tail(self) -> str:
+        path = self.work_dir / "server.log"
+        lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
+        return lines[-1] if lines else "(no output)"
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

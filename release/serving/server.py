@@ -1,0 +1,80 @@
+"""Run the app: in the foreground with uvicorn (SIGTERM drains in-flight streams, then exits 0),
+or as a child process other code drives (the load gate, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from release.errors import InputError
+from release.serving.app import ServerState, create_app
+from release.serving.engine import Engine
+from release.serving.metrics import ServerMetrics
+from release.serving.requestlog import RequestLog
+from release.serving.settings import ServerSettings
+from release.serving.source import ServedPackage
+from release.store import STATE_DIR
+
+
+def package_settings(package: ServedPackage) -> ServerSettings:
+    """The server settings the package was built with (serving.server in its manifest), else defaults."""
+    serving = package.manifest.data.get("serving") or {}
+    block = serving.get("server", {}) if isinstance(serving, dict) else {}
+    try:
+        return ServerSettings.model_validate(block)
+    except ValueError as exc:
+        raise InputError(f"{package.manifest.root.name}: invalid serving.server in its manifest",
+                         hint="rebuild the package with a valid release.yaml") from exc
+
+
+def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Path) -> ServerState:
+    """Load the model (timed) and wire metrics and the request log."""
+    engine = Engine(package.manifest.model_dir, settings)
+    policy = settings.request_log
+    log_dir = Path(policy.directory) if policy.directory else project_dir / STATE_DIR / "request-logs"
+    metrics = ServerMetrics(package.identity, engine.load_time_s, lambda: engine.queue_depth,
+                            lambda: engine.in_flight)
+    return ServerState(engine, package.identity, metrics, RequestLog(policy, log_dir))
+
+
+def run_server(state: ServerState, host: str, port: int, ready_file: Path | None = None,
+               on_ready: Any = None) -> None:
+    """Serve until SIGINT/SIGTERM; then stop accepting, let in-flight requests finish, and return."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        create_app(state), host=host, port=port, lifespan="on", log_level="warning", access_log=False,
+        timeout_graceful_shutdown=int(state.engine.settings.shutdown_grace_s) or None,
+        timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with this handler in place the
+    # re-raise is a no-op, so a drained server exits 0 instead of dying by the signal.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        asyncio.run(_serve(server, state, ready_file, on_ready))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _serve(server: Any, state: ServerState, ready_file: Path | None, on_ready: Any) -> None:
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            await task
+            raise InputError("server: could not start listening", hint="is the port already in use?")
+        await asyncio.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    info = {"url": f"http://{host}:{port}", "pid": os.getpid(), "model": state.identity.model_id,
+            "serving_config": state.identity.serving_config, "load_time_s": state.engine.load_time_s}
+    if ready_file is not None:
+        tmp = ready_file.with_name(ready_file.name + ".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.rename(ready_file)
+    if on_ready is not None:
+        on_ready(info)
+    await task

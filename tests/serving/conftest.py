@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from release.serving.process import ServerProcess
+from tests.serving.tinymodel import build_tiny_package
+
+
+@pytest.fixture(scope="session")
+def tiny_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A relctl package of a tiny random Llama (genai fp32), built once per session."""
+    return build_tiny_package(tmp_path_factory.mktemp("tiny-serving"))
+
+
+def write_server_config(path: Path, **server: object) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump({"serving": {"server": server}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """`relctl serve` on the tiny package, one per test module, small queue so overload is reachable."""
+    work = tmp_path_factory.mktemp("server")
+    config = write_server_config(work / "release.yaml", workers=2, queue_size=4, max_prompt_tokens=256,
+                                 max_output_tokens=1024, request_timeout_s=30)
+    with ServerProcess(str(tiny_package), work, config=config) as proc:
+        yield proc
