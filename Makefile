@@ -5,8 +5,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 TORCH  := torch==2.13.0
+SHELL  := bash
+.SHELLFLAGS := -eo pipefail -c
 
-.PHONY: install test demo lint typecheck bench clean
+DEMO   := examples/tiny-llm
+RELCTL := $(BIN)/relctl --project-dir $(DEMO)
+
+.PHONY: install test demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +24,22 @@ install: $(STAMP)
 
 test: install
 	$(BIN)/pytest -q
+
+# The whole story on the example: v1 to production, v2 replaces it, rollback, history.
+demo: install
+	@echo "== training run 1 (about a minute on 2 cores)"
+	@$(BIN)/python $(DEMO)/train.py --project-dir $(DEMO) --seed 0 | tail -n 1 > $(DEMO)/.relctl-run1
+	$(RELCTL) promote $$(cat $(DEMO)/.relctl-run1)
+	@echo "== training run 2"
+	@$(BIN)/python $(DEMO)/train.py --project-dir $(DEMO) --seed 1 | tail -n 1 > $(DEMO)/.relctl-run2
+	$(RELCTL) promote $$(cat $(DEMO)/.relctl-run2)
+	$(RELCTL) rollback tiny-llm --reason "demo: back to the first release"
+	$(RELCTL) history tiny-llm
+	$(RELCTL) status tiny-llm
+	@echo "== browse it: make demo-ui  (MLflow UI on http://127.0.0.1:5000)"
+
+demo-ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(abspath $(DEMO))/.relctl/mlflow.db --host 127.0.0.1 --port 5000
 
 lint: install
 	$(BIN)/ruff check release gates tests examples benchmarks

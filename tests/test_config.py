@@ -42,3 +42,9 @@ def test_overrides_apply_on_top_of_the_file(tmp_path: Path) -> None:
     path.write_text("model: tiny\nconvert:\n  precision: fp16\n")
     cfg = load_config(path, {"convert.precision": "int8"})
     assert (cfg.model, cfg.convert.precision) == ("tiny", "int8")
+
+
+def test_starter_template_is_valid() -> None:
+    template = Path(__file__).resolve().parent.parent / "templates" / "release.yaml"
+    cfg = load_config(template)
+    assert cfg.model == "tiny-llm" and cfg.gates == {}
