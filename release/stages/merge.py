@@ -1,0 +1,218 @@
+"""Merge: fold a PEFT LoRA adapter into its base checkpoint, streaming, bit-identical to peft.
+
+`merge_checkpoint(base, adapter, out)` writes a full Hugging Face checkpoint of the merged model: the
+base's sharding, dtypes and tensor order, its index (if sharded), config.json, generation_config.json
+and the tokenizer files, and no adapter files. Everything is checked from headers before writing; the
+output is built in a hidden sibling folder and renamed into place only when complete and fsynced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from release.checkpoint import (
+    SafetensorsHeader,
+    check_index,
+    read_config,
+    read_header,
+    refuse_pickles,
+    weight_files,
+)
+from release.errors import InputError, StageFailed
+from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
+from release.lora.settings import read_settings
+
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json", "vocab.txt", "merges.txt",
+    "chat_template.jinja", "chat_template.json",
+)
+MergeProgress = Callable[[int, int], None]
+
+
+@dataclass
+class MergeReport:
+    """What a merge wrote. `largest_tensor_bytes` bounds the tensor data held in memory at once."""
+
+    out_dir: str
+    lora_modules: int
+    dora_modules: int
+    replaced_tensors: int
+    tensors_changed: int
+    tensors_written: int
+    bytes_written: int
+    output_files: list[str]
+    largest_tensor_bytes: int
+    seconds: float
+    base_model_name_or_path: str | None
+    tokenizer_from: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def merge_checkpoint(base_dir: Path, adapter_dir: Path, out_dir: Path,
+                     progress: MergeProgress | None = None) -> MergeReport:
+    """Fold the LoRA adapter in `adapter_dir` into the checkpoint in `base_dir`; write it to `out_dir`.
+
+    `adapter_dir` may be `base_dir` itself. `progress(bytes_done, bytes_total)` is called as the weight
+    files are written. Raises InputError (nothing written) for anything that cannot merge exactly.
+    """
+    started = time.monotonic()
+    headers, plan, settings_base = _check_inputs(base_dir, adapter_dir)
+    _check_out_dir(out_dir, sum(h.path.stat().st_size for h in headers))
+    tmp = out_dir.with_name(f".{out_dir.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        changed = _write_shards(headers, plan, adapter_dir / ADAPTER_FILE, tmp, progress)
+        tokenizer_from = _copy_side_files(base_dir, adapter_dir, tmp)
+        _write_index(base_dir, headers, tmp)
+        _fsync(tmp)
+        if out_dir.is_dir():
+            out_dir.rmdir()  # _check_out_dir allowed only an empty folder
+        tmp.rename(out_dir)
+        _fsync(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(p for p in out_dir.iterdir() if p.is_file())
+    return MergeReport(
+        out_dir=str(out_dir),
+        lora_modules=len(plan.folds),
+        dora_modules=sum(1 for m in plan.folds.values() if m.magnitude is not None),
+        replaced_tensors=len(plan.replacements),
+        tensors_changed=changed,
+        tensors_written=sum(len(h.tensors) for h in headers),
+        bytes_written=sum(p.stat().st_size for p in files),
+        output_files=[p.name for p in files],
+        largest_tensor_bytes=max((i.nbytes for h in headers for n, i in h.tensors.items() if plan.touches(n)),
+                                 default=0),
+        seconds=round(time.monotonic() - started, 3),
+        base_model_name_or_path=settings_base,
+        tokenizer_from=tokenizer_from,
+        notes=_notes(plan),
+    )
+
+
+def _check_inputs(base_dir: Path, adapter_dir: Path) -> tuple[list[SafetensorsHeader], AdapterPlan, str | None]:
+    for folder in {base_dir, adapter_dir}:
+        if not folder.is_dir():
+            raise InputError(f"{folder}: not a folder", hint="pass the checkpoint folder (config.json + *.safetensors)")
+        refuse_pickles(folder)
+    read_config(base_dir)
+    settings = read_settings(adapter_dir)
+    headers = [read_header(p) for p in weight_files(base_dir)]
+    check_index(base_dir, {h.path: h for h in headers})
+    plan = plan_adapter(adapter_dir, settings, _index_base(headers))
+    return headers, plan, settings.base_model_name_or_path
+
+
+def _index_base(headers: list[SafetensorsHeader]) -> BaseIndex:
+    base: BaseIndex = {}
+    for header in headers:
+        for name, info in header.tensors.items():
+            if name in base:
+                raise InputError(f"{header.path.name}: tensor '{name}' is also in {base[name][0].name}",
+                                 hint="re-save the checkpoint; each tensor must live in exactly one shard")
+            base[name] = (header.path, info)
+    return base
+
+
+def _check_out_dir(out_dir: Path, needed: int) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise InputError(f"{out_dir}: already exists and is not an empty folder",
+                         hint="choose a new output folder or remove the old one")
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    if free < needed:
+        raise StageFailed(f"{parent}: {needed / 1e9:.2f} GB needed for the merged checkpoint, {free / 1e9:.2f} GB free",
+                          hint="free disk space or write the merged checkpoint elsewhere")
+
+
+def _write_shards(headers: list[SafetensorsHeader], plan: AdapterPlan, adapter_file: Path, out: Path,
+                  progress: MergeProgress | None) -> int:
+    # torch is imported here, not at module import, so `relctl --help` and the other stages stay fast.
+    from release.lora.shards import write_merged_shard
+
+    total = sum(h.path.stat().st_size for h in headers)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    changed = 0
+    adapter_fd = os.open(adapter_file, os.O_RDONLY)
+    try:
+        for header in headers:
+            changed += write_merged_shard(header, out / header.path.name, plan, adapter_fd, advance)
+    finally:
+        os.close(adapter_fd)
+    return changed
+
+
+def _copy_side_files(base_dir: Path, adapter_dir: Path, out: Path) -> str | None:
+    """Copy config and tokenizer files; return where the tokenizer came from.
+
+    The tokenizer saved next to the adapter wins over the base's: it is the one training used (added
+    special tokens, chat template). The two sets are never mixed.
+    """
+    for name in CONFIG_FILES:
+        if (base_dir / name).is_file():
+            _copy_synced(base_dir / name, out / name)
+    for folder, label in ((adapter_dir, "adapter"), (base_dir, "base")):
+        names = [n for n in TOKENIZER_FILES if (folder / n).is_file()]
+        if names:
+            for name in names:
+                _copy_synced(folder / name, out / name)
+            return label if adapter_dir != base_dir else "base"
+    return None
+
+
+def _copy_synced(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    _fsync(dst)
+
+
+def _write_index(base_dir: Path, headers: list[SafetensorsHeader], out: Path) -> None:
+    source = base_dir / INDEX_FILE
+    if not source.is_file():
+        return
+    metadata = json.loads(source.read_text()).get("metadata") or {}
+    weight_map = {name: h.path.name for h in headers for name in h.tensors}
+    metadata = {**metadata, "total_size": sum(i.nbytes for h in headers for i in h.tensors.values())}
+    (out / INDEX_FILE).write_text(json.dumps({"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))},
+                                             indent=2) + "\n")
+    _fsync(out / INDEX_FILE)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file or a folder entry, so the rename publishes complete, durable files."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _notes(plan: AdapterPlan) -> list[str]:
+    notes = ["adapter math in fp32 as PeftModel.from_pretrained(autocast_adapter_dtype=True) does"]
+    if plan.replacements:
+        names = sorted(plan.replacements)
+        notes.append(f"base tensors replaced by the adapter's trained copies: {', '.join(names[:5])}"
+                     + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
+    return notes
