@@ -1,0 +1,192 @@
+"""The eval gate: task metrics of the packaged model on an eval set, against thresholds and production.
+
+The model runs through release.runtime.GenaiModel, the runtime that serves it. Exact match compares
+the greedy generation with `expected` after stripping; token accuracy and perplexity score the tokens
+of `separator + expected` (+ EOS) under teacher forcing. Production's metrics come from its version
+tags when they were measured on an eval set with the same sha256, else they are computed here on the
+production package in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from gates.base import GateContext, GateResult, ThresholdCheck
+from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.metrics import Metric, ScoredRow, resolve_metrics
+from gates.packaged import load_package_model
+from gates.thresholds import MetricThreshold, check_metric
+from release.errors import ConfigError, InputError
+from release.runtime import GenaiModel
+
+EVIDENCE_FILE = "eval-predictions.jsonl"
+MAX_EXAMPLES = 20
+SHA_TAG = "gate.eval.dataset_sha256"
+
+
+class EvalConfig(BaseModel):
+    """`gates.eval` in release.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: Path | None = Field(default=None, description="eval JSONL; default: the run's data/eval.jsonl artifact")
+    metrics: list[str] = Field(default_factory=lambda: ["exact_match", "token_accuracy", "perplexity"])
+    thresholds: dict[str, MetricThreshold] = Field(default_factory=dict)
+    max_new_tokens: int = Field(default=16, ge=1, le=1024)
+    separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
+    expectations: DataRules = DataRules()
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, names: list[str]) -> list[str]:
+        resolve_metrics(names)  # raises ConfigError with a did-you-mean hint
+        if not names:
+            raise ValueError("list at least one metric")
+        return names
+
+    @model_validator(mode="after")
+    def _thresholds_on_metrics(self) -> EvalConfig:
+        for name in self.thresholds:
+            if name not in self.metrics:
+                raise ConfigError(f"release.yaml: gates.eval.thresholds.{name}: '{name}' is not in gates.eval.metrics",
+                                  hint=f"add it to metrics or remove the threshold (metrics: {', '.join(self.metrics)})")
+        return self
+
+
+class EvalGate:
+    """Scores the candidate (and production, when needed) on the eval set and checks the thresholds."""
+
+    id: ClassVar[str] = "eval"
+    Config: ClassVar[type[BaseModel]] = EvalConfig
+
+    def __init__(self, config: EvalConfig) -> None:
+        self.config = config
+
+    def run(self, context: GateContext) -> GateResult:
+        path = self.config.dataset or context.eval_dataset
+        if path is None:
+            raise InputError("eval gate: no eval set", hint="set gates.eval.dataset or log data/eval.jsonl with the run")
+        data = load_eval_set(path, self.config.expectations)
+        metrics = resolve_metrics(self.config.metrics)
+        rows = score_rows(load_package_model(context.package_dir), data.rows, self.config, _needs_logits(metrics))
+        values = {m.name: m.compute(rows) for m in metrics}
+        production, source = self._production_metrics(context, data, metrics)
+        checks, skipped = self._check(metrics, values, production)
+        evidence = context.work_dir / EVIDENCE_FILE
+        _write_predictions(evidence, data.rows, rows)
+        failing = [_example(row, scored) for row, scored in zip(data.rows, rows) if not _correct(scored)]
+        return GateResult(
+            gate=self.id, status="pass" if all(c.passed for c in checks) else "fail",
+            reason=_reason(checks, skipped, len(rows)), metrics=values, thresholds=checks, evidence=[evidence],
+            details={"dataset": str(path), "dataset_sha256": data.sha256, "rows": len(rows),
+                     "production_version": context.production.version if context.production else None,
+                     "production_metrics": production, "production_source": source,
+                     "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES]},
+        )
+
+    def _production_metrics(self, context: GateContext, data: EvalSet,
+                            metrics: list[Metric]) -> tuple[dict[str, float] | None, str | None]:
+        """Production's values on this very eval set: from its tags when the digest matches, else computed."""
+        if context.production is None:
+            return None, None
+        recorded = _recorded_metrics(context.production.tags, data.sha256, metrics)
+        if recorded is not None:
+            return recorded, "tags"
+        model = load_package_model(context.production.package_dir)
+        rows = score_rows(model, data.rows, self.config, _needs_logits(metrics))
+        return {m.name: m.compute(rows) for m in metrics}, "computed"
+
+    def _check(self, metrics: list[Metric], values: dict[str, float],
+               production: dict[str, float] | None) -> tuple[list[ThresholdCheck], list[str]]:
+        checks: list[ThresholdCheck] = []
+        skipped: list[str] = []
+        for metric in metrics:
+            bounds = self.config.thresholds.get(metric.name)
+            if bounds is None:
+                continue
+            prod = production.get(metric.name) if production else None
+            found, notes = check_metric(metric.name, values[metric.name], bounds, prod, metric.greater_is_better)
+            checks += found
+            skipped += notes
+        return checks, skipped
+
+
+def score_rows(model: GenaiModel, rows: tuple[EvalRow, ...], config: EvalConfig,
+               needs_logits: bool) -> list[ScoredRow]:
+    """Generate for every row, and score the expected tokens under teacher forcing when asked."""
+    scored: list[ScoredRow] = []
+    for row in rows:
+        output = _strip_eos(model, model.generate(row.prompt, config.max_new_tokens).token_ids)
+        logprobs, hits = _teacher_forced(model, row, config.separator) if needs_logits else (None, None)
+        scored.append(ScoredRow(row.prompt, row.expected, output.strip(), logprobs, hits))
+    return scored
+
+
+def _strip_eos(model: GenaiModel, ids: list[int]) -> str:
+    eos = set(model.eos_token_ids)
+    return model.decode([i for i in ids if i not in eos])
+
+
+def _teacher_forced(model: GenaiModel, row: EvalRow,
+                    separator: str) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """Log-probability and argmax hit of each target token (the answer's tokens, then EOS)."""
+    prompt_ids = model.encode(row.prompt)
+    full_ids = model.encode(row.prompt + separator + row.expected) + model.eos_token_ids[:1]
+    # Targets start where the tokenizations diverge, so a merge across the boundary cannot shift them.
+    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b), len(prompt_ids))
+    start = max(start, 1)
+    logits = model.logits(full_ids[:-1])[start - 1:]
+    targets = np.asarray(full_ids[start:])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    picked = log_probs[np.arange(len(targets)), targets]
+    hits = logits.argmax(axis=1) == targets
+    return tuple(float(v) for v in picked), tuple(bool(h) for h in hits)
+
+
+def _needs_logits(metrics: list[Metric]) -> bool:
+    return any(m.needs_logits for m in metrics)
+
+
+def _recorded_metrics(tags: dict[str, str], sha256: str, metrics: list[Metric]) -> dict[str, float] | None:
+    if tags.get(SHA_TAG) != sha256:
+        return None
+    try:
+        values = {m.name: float(tags[f"gate.eval.{m.name}"]) for m in metrics}
+    except (KeyError, ValueError):
+        return None
+    return values if all(math.isfinite(v) for v in values.values()) else None
+
+
+def _correct(row: ScoredRow) -> bool:
+    return row.output.strip() == row.expected.strip()
+
+
+def _example(row: EvalRow, scored: ScoredRow) -> dict[str, Any]:
+    return {"line": row.line, "prompt": row.prompt, "expected": row.expected, "output": scored.output}
+
+
+def _write_predictions(path: Path, rows: tuple[EvalRow, ...], scored: list[ScoredRow]) -> None:
+    lines = [json.dumps({**_example(r, s), "correct": _correct(s)}) for r, s in zip(rows, scored)]
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def _reason(checks: list[ThresholdCheck], skipped: list[str], rows: int) -> str:
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        return "; ".join(describe_check(c) for c in failed)
+    note = " (no production version: no-regression checks skipped)" if skipped else ""
+    return f"{rows} rows: every metric within its thresholds{note}"
+
+
+def describe_check(check: ThresholdCheck) -> str:
+    """One line: metric, value, the bound it missed or met, and production's value."""
+    value = "n/a" if check.value is None else f"{check.value:.4g}"
+    prod = "" if check.production is None else f", production {check.production:.4g}"
+    return f"{check.metric} {value} (needs {check.op} {check.bound:.4g}, {check.kind}{prod})"

@@ -1,0 +1,114 @@
+"""Eval metrics as small plug-ins: each turns the scored rows of an eval set into one number.
+
+Built-ins register through the `relctl.metrics` entry-point group, like a third-party metric would:
+
+    [project.entry-points."relctl.metrics"]
+    bleu = "mypkg.metrics:Bleu"
+
+A metric class has a `name`, `greater_is_better` (the default direction of its thresholds),
+`needs_logits` (whether rows must carry teacher-forced target scores) and `compute(rows)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import ClassVar, Protocol, TypeVar
+
+from release.errors import ConfigError
+
+ENTRY_POINT_GROUP = "relctl.metrics"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ScoredRow:
+    """One eval row after the model ran on it.
+
+    `output` is the greedy generation (stripped); `target_logprobs` and `target_hits` are per token of
+    `expected` under teacher forcing (log-probability, and whether it was the argmax), or None when
+    no requested metric needs logits.
+    """
+
+    prompt: str
+    expected: str
+    output: str
+    target_logprobs: tuple[float, ...] | None = None
+    target_hits: tuple[bool, ...] | None = None
+
+
+class Metric(Protocol):
+    name: ClassVar[str]
+    greater_is_better: ClassVar[bool]
+    needs_logits: ClassVar[bool]
+
+    def compute(self, rows: Sequence[ScoredRow]) -> float:
+        """The metric over all rows (rows is never empty: the eval set is validated first)."""
+        ...
+
+
+class ExactMatch:
+    """Share of rows whose generated answer equals `expected` after stripping whitespace."""
+
+    name: ClassVar[str] = "exact_match"
+    greater_is_better: ClassVar[bool] = True
+    needs_logits: ClassVar[bool] = False
+
+    def compute(self, rows: Sequence[ScoredRow]) -> float:
+        return sum(r.output.strip() == r.expected.strip() for r in rows) / len(rows)
+
+
+class TokenAccuracy:
+    """Teacher-forced next-token accuracy over the tokens of `expected`, pooled over all rows."""
+
+    name: ClassVar[str] = "token_accuracy"
+    greater_is_better: ClassVar[bool] = True
+    needs_logits: ClassVar[bool] = True
+
+    def compute(self, rows: Sequence[ScoredRow]) -> float:
+        hits = [h for r in rows for h in _require(r.target_hits, self.name)]
+        return sum(hits) / len(hits) if hits else 0.0
+
+
+class Perplexity:
+    """exp(mean negative log-likelihood) of the `expected` tokens given the prompt, token-weighted."""
+
+    name: ClassVar[str] = "perplexity"
+    greater_is_better: ClassVar[bool] = False
+    needs_logits: ClassVar[bool] = True
+
+    def compute(self, rows: Sequence[ScoredRow]) -> float:
+        logprobs = [lp for r in rows for lp in _require(r.target_logprobs, self.name)]
+        if not logprobs:
+            return math.inf
+        return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def _require(values: tuple[T, ...] | None, metric: str) -> tuple[T, ...]:
+    if values is None:
+        raise ValueError(f"{metric} needs teacher-forced scores, but the rows carry none")
+    return values
+
+
+def available_metrics() -> dict[str, type[Metric]]:
+    """Every installed metric by name (built-ins included), from the `relctl.metrics` entry points."""
+    found: dict[str, type[Metric]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found[ep.name] = ep.load()
+    return found
+
+
+def resolve_metrics(names: Sequence[str], where: str = "gates.eval.metrics") -> list[Metric]:
+    """Instances of the named metrics, in order; an unknown name is a ConfigError with a hint."""
+    known = available_metrics()
+    metrics: list[Metric] = []
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known metrics: {', '.join(sorted(known))}"
+            raise ConfigError(f"{where}: unknown metric '{name}'", hint=hint)
+        metrics.append(known[name]())
+    return metrics

@@ -1,0 +1,129 @@
+"""Finding, configuring and running gates.
+
+Gates are found through the `relctl.gates` entry-point group; relctl's own gates register there the
+same way a third-party package would:
+
+    [project.entry-points."relctl.gates"]
+    toxicity = "mypkg.gates:ToxicityGate"
+"""
+
+from __future__ import annotations
+
+import difflib
+import traceback
+from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from pydantic import ValidationError
+
+from gates.base import Gate, GateContext, GateResult
+from release.errors import ConfigError, InputError
+
+ENTRY_POINT_GROUP = "relctl.gates"
+
+
+def available_gates() -> dict[str, type[Gate]]:
+    """Every installed gate class by id (built-ins included)."""
+    found: dict[str, type[Gate]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        if getattr(cls, "id", None) != ep.name:
+            # The id is the config key and the report label; a mismatch would make both lie.
+            raise ConfigError(
+                f"gate plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its entry-point name "
+                f"'{ep.name}'",
+                hint="register the gate under its own id",
+            )
+        found[ep.name] = cls
+    return found
+
+
+def load_gates(block: Mapping[str, Mapping[str, Any] | None]) -> list[Gate]:
+    """One configured gate per `gates.<id>` entry, in release.yaml order.
+
+    Unknown ids and invalid keys are ConfigErrors naming `gates.<id>.<key>`; an empty block
+    (`eval:` with nothing under it) means the gate's defaults.
+    """
+    known = available_gates()
+    gates: list[Gate] = []
+    for gate_id, settings in block.items():
+        cls = known.get(gate_id)
+        if cls is None:
+            raise _unknown_gate(gate_id, list(known))
+        gates.append(cls(validate_block(cls, settings or {})))  # type: ignore[call-arg]
+    return gates
+
+
+def validate_block(cls: type[Gate], settings: Mapping[str, Any]) -> Any:
+    """The gate's Config for `settings`, or a ConfigError naming the first bad key."""
+    try:
+        return cls.Config.model_validate(dict(settings))
+    except ValidationError as exc:
+        raise _block_error(cls, exc) from exc
+
+
+def _block_error(cls: type[Gate], exc: ValidationError) -> ConfigError:
+    err = exc.errors()[0]
+    where = ".".join(["gates", cls.id, *(str(p) for p in err["loc"])])
+    if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+        close = difflib.get_close_matches(str(err["loc"][-1]), list(cls.Config.model_fields), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(cls.Config.model_fields)}"
+        return ConfigError(f"release.yaml: unknown key '{where}'", hint=hint)
+    if err["type"] == "extra_forbidden":
+        return ConfigError(f"release.yaml: unknown key '{where}'",
+                           hint=f"see the gates.{cls.id} section of templates/release.yaml")
+    return ConfigError(f"release.yaml: {where}: {err['msg']}",
+                       hint=f"see the gates.{cls.id} section of templates/release.yaml")
+
+
+def _unknown_gate(gate_id: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(gate_id, known, n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"installed gates: {', '.join(sorted(known)) or 'none'}"
+    return ConfigError(f"release.yaml: unknown gate 'gates.{gate_id}'", hint=hint)
+
+
+def find_gate(gate_id: str) -> type[Gate]:
+    """The installed gate class for `gate_id`; ConfigError with a did-you-mean hint when unknown."""
+    known = available_gates()
+    if gate_id not in known:
+        raise _unknown_gate(gate_id, list(known))
+    return known[gate_id]
+
+
+def run_gates(
+    gates: list[Gate],
+    context_factory: Callable[[str], GateContext],
+    fail_fast: bool = False,
+) -> list[GateResult]:
+    """Run `gates` in order, each with `context_factory(gate_id)`; a gate that crashes is a failed gate with the exception as its reason.
+
+    InputError (bad data or config, exit 2) propagates: it is the user's to fix, not a verdict on the
+    model. With `fail_fast`, gates after the first failure are reported as skipped.
+    """
+    results: list[GateResult] = []
+    blocker: str | None = None
+    for gate in gates:
+        if blocker is not None:
+            results.append(GateResult(gate=gate.id, status="skipped", reason=f"not run: gate '{blocker}' failed"))
+            continue
+        result = run_gate(gate, context_factory(gate.id))
+        results.append(result)
+        if fail_fast and result.status == "fail":
+            blocker = gate.id
+    return results
+
+
+def run_gate(gate: Gate, context: GateContext) -> GateResult:
+    """One gate; an unexpected exception becomes a failure whose traceback is kept as evidence."""
+    context.work_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return gate.run(context)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a crashing gate must block the release, not abort it
+        trace = context.work_dir / "traceback.txt"
+        trace.write_text(traceback.format_exc())
+        first_line = (str(exc).splitlines() or [""])[0]
+        return GateResult(gate=gate.id, status="fail", reason=f"gate crashed: {type(exc).__name__}: {first_line}",
+                          evidence=[trace])

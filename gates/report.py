@@ -1,0 +1,155 @@
+"""Gate reports: a markdown table for CI job summaries and a self-contained HTML page for MLflow.
+
+Both read only GateResult fields, so any plug-in gate is reported the same way. Failing examples come
+from `details["failing_examples"]` (a list of flat dicts) when a gate provides them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from gates.base import GateResult, ThresholdCheck
+
+STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped"}
+MAX_HTML_EXAMPLES = 20
+MAX_CELL = 300
+
+
+def render_markdown(results: Sequence[GateResult], production_version: str | None) -> str:
+    """The gate table, then per gate its metrics vs thresholds vs production (GitHub-flavoured markdown)."""
+    prod = f"production is version {production_version}" if production_version else "no production version yet"
+    lines = ["### relctl gates", "", f"Compared with: {prod}.", "",
+             "| Gate | Status | Reason |", "|---|---|---|"]
+    lines += [f"| {r.gate} | {STATUS_MARK[r.status]} | {_md(r.reason)} |" for r in results]
+    for result in results:
+        rows = metric_rows(result)
+        if not rows:
+            continue
+        lines += ["", f"#### {result.gate}", "", "| Metric | Value | Check | Bound | Production | Result |",
+                  "|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+        lines += [f"- {_md(note)}" for note in _notes(result)]
+    return "\n".join(lines) + "\n"
+
+
+def result_to_dict(result: GateResult) -> dict[str, Any]:
+    """Every field of `result` as JSON-ready data (paths as strings)."""
+    data = asdict(result)
+    data["evidence"] = [str(p) for p in result.evidence]
+    return data
+
+
+def metric_rows(result: GateResult) -> list[list[str]]:
+    """[metric, value, check, bound, production, result] per threshold check, then unchecked metrics."""
+    production = _production_values(result)
+    rows: list[list[str]] = []
+    checked: set[str] = set()
+    for check in result.thresholds:
+        checked.add(check.metric)
+        prod = check.production if check.production is not None else production.get(check.metric)
+        rows.append([check.metric, _num(check.value), f"{_kind(check)} {check.op}", _num(check.bound),
+                     _num(prod), "pass" if check.passed else "FAIL"])
+    for metric, value in result.metrics.items():
+        if metric not in checked:
+            rows.append([metric, _num(value), "", "", _num(production.get(metric)), ""])
+    return rows
+
+
+def render_html(results: Sequence[GateResult], meta: Mapping[str, Any]) -> str:
+    """A self-contained HTML report: run facts from `meta`, the gate table, metrics, failing examples."""
+    parts = [f"<h1>relctl release report</h1>{_facts(meta)}", "<h2>Gates</h2>", _gate_table(results)]
+    for result in results:
+        parts.append(f'<h2 id="gate-{_e(result.gate)}">{_e(result.gate)} — {_e(result.status)}</h2>')
+        parts.append(f"<p>{_e(result.reason)}</p>")
+        rows = metric_rows(result)
+        if rows:
+            parts.append(_table(["Metric", "Value", "Check", "Bound", "Production", "Result"], rows))
+        parts += [f'<p class="note">{_e(note)}</p>' for note in _notes(result)]
+        parts.append(_examples(result))
+        if result.evidence:
+            parts.append("<p>Evidence: " + ", ".join(f"<code>{_e(p.name)}</code>" for p in result.evidence) + "</p>")
+    title = _e(f"relctl report: {meta.get('model', '')} {meta.get('version', '')}".strip())
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+            f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}"
+    "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.3em .6em;"
+    "text-align:left;vertical-align:top}th{background:#f4f4f4}.pass{color:#17692b}.fail{color:#b00020;"
+    "font-weight:bold}.skipped{color:#777}.note{color:#555;font-style:italic}code{font-size:90%}"
+    "td.text{white-space:pre-wrap;font-family:monospace}"
+)
+
+
+def _gate_table(results: Sequence[GateResult]) -> str:
+    body = "".join(
+        f'<tr><td><a href="#gate-{_e(r.gate)}">{_e(r.gate)}</a></td>'
+        f'<td class="{_e(r.status)}">{_e(r.status)}</td><td>{_e(r.reason)}</td></tr>'
+        for r in results
+    )
+    return f"<table><tr><th>Gate</th><th>Status</th><th>Reason</th></tr>{body}</table>"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"fail" if c == "FAIL" else ""}">{_e(c)}</td>' for c in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _examples(result: GateResult) -> str:
+    examples = result.details.get("failing_examples") or []
+    if not examples:
+        return ""
+    columns = list(dict.fromkeys(k for ex in examples for k in ex))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="text">{_e(_clip(ex.get(c, "")))}</td>' for c in columns) + "</tr>"
+        for ex in examples[:MAX_HTML_EXAMPLES]
+    )
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    shown = min(len(examples), MAX_HTML_EXAMPLES)
+    return f"<h3>Failing examples ({shown} shown)</h3><table><tr>{head}</tr>{body}</table>"
+
+
+def _facts(meta: Mapping[str, Any]) -> str:
+    if not meta:
+        return ""
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in meta.items())
+    return f"<table>{rows}</table>"
+
+
+def _production_values(result: GateResult) -> dict[str, float]:
+    values = result.details.get("production_metrics") or {}
+    return {str(k): float(v) for k, v in values.items()}
+
+
+def _notes(result: GateResult) -> list[str]:
+    return [str(n) for n in result.details.get("skipped_checks") or []]
+
+
+def _kind(check: ThresholdCheck) -> str:
+    return {"absolute": "threshold", "min_absolute_change": "vs prod (abs)",
+            "min_relative_change": "vs prod (rel)"}[check.kind]
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def _clip(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_CELL else text[:MAX_CELL] + "…"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))

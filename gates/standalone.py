@@ -1,0 +1,44 @@
+"""Running one gate on its own (`relctl gate <id> <package>`), outside a promote run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from gates.base import GateContext, GateResult, ProductionRef
+from gates.registry import find_gate, run_gate, validate_block
+from release.config import CONFIG_FILE, load_config
+from release.stages.package import verify_package
+
+
+def run_standalone(
+    gate_id: str,
+    package_dir: Path,
+    work_dir: Path,
+    config_path: Path | None = None,
+    eval_dataset: Path | None = None,
+    baseline_dir: Path | None = None,
+) -> GateResult:
+    """Run gate `gate_id` on the package at `package_dir` with its `gates.<id>` block from `config_path`.
+
+    `baseline_dir` is a package that plays the production version (no-regression checks compare
+    with it); `work_dir` is emptied and receives the evidence files.
+    """
+    cls = find_gate(gate_id)
+    config = load_config(config_path)
+    gate = cls(validate_block(cls, config.gates.get(gate_id) or {}))  # type: ignore[call-arg]
+    verify_package(package_dir)
+    production = None
+    if baseline_dir is not None:
+        verify_package(baseline_dir)
+        production = ProductionRef(version=f"baseline:{baseline_dir.name}", package_dir=baseline_dir, tags={})
+    shutil.rmtree(work_dir, ignore_errors=True)
+    context = GateContext(model_name=config.model or package_dir.name, package_dir=package_dir, work_dir=work_dir,
+                          production=production, eval_dataset=eval_dataset)
+    return run_gate(gate, context)
+
+
+def default_config(project_dir: Path) -> Path | None:
+    """PROJECT_DIR/release.yaml when it exists (then its gates blocks apply), else None for defaults."""
+    path = project_dir / CONFIG_FILE
+    return path if path.is_file() else None
