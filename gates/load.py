@@ -1,0 +1,154 @@
+"""The load gate: the candidate package behind a real `relctl serve` on 127.0.0.1, open-loop traffic,
+SLOs on latency percentiles, error rate and goodput, and the cost per million output tokens at the
+rate where the SLOs still hold.
+
+Cost per million output tokens = GPU price per hour x GPUs / (output tokens/s x 3600) x 1e6.
+With a serverless price, the break-even utilization is the share of that capacity a dedicated
+deployment must keep busy to be cheaper than paying per token (or per request).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from gates.base import GateContext, GateResult, ThresholdCheck
+from release.errors import ReleaseError
+from release.serving.loadgen.bench import run_bench
+from release.serving.loadgen.client import ClientOptions
+from release.serving.loadgen.runner import Traffic
+from release.serving.loadgen.summary import SLOs
+from release.serving.process import ServerProcess
+from release.serving.settings import ServerSettings
+
+
+class CostConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_price_per_hour: float | None = Field(None, ge=0, description="price of one accelerator (or host) per hour")
+    gpus: int = Field(1, ge=1, description="accelerators per replica")
+    max_cost_per_million_tokens: float | None = Field(None, gt=0, description="fail above this cost")
+    serverless_price_per_million_tokens: float | None = Field(None, gt=0)
+    serverless_price_per_request: float | None = Field(None, gt=0)
+
+
+class LoadConfig(BaseModel):
+    """`gates.load` in release.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    traffic: Traffic = Traffic(rate=2.0, requests=40)
+    slos: SLOs = SLOs()
+    endpoint: Literal["completions", "chat"] = "completions"
+    max_concurrency: int | None = Field(None, ge=1)
+    timeout_s: float = Field(60.0, gt=0)
+    sweep: bool = Field(False, description="find the highest SLO-meeting rate, starting at traffic.rate")
+    sweep_rates: list[float] | None = None
+    step_duration_s: float = Field(5.0, gt=0)
+    server: ServerSettings | None = Field(None, description="server settings; default: the package's own")
+    cost: CostConfig = CostConfig()
+
+
+class LoadGate:
+    """Starts the candidate, warms it, runs the configured traffic and judges SLOs and cost."""
+
+    id: ClassVar[str] = "load"
+    Config: ClassVar[type[BaseModel]] = LoadConfig
+
+    def __init__(self, config: LoadConfig) -> None:
+        self.config = config
+
+    def run(self, context: GateContext) -> GateResult:
+        cfg = self.config
+        work = context.work_dir
+        work.mkdir(parents=True, exist_ok=True)
+        server_config = _write_server_config(work, cfg.server)
+        try:
+            with ServerProcess(str(context.package_dir), work / "server", config=server_config,
+                               project_dir=work) as server:
+                client = ClientOptions(base_url=server.url, model=None, endpoint=cfg.endpoint,
+                                       max_concurrency=cfg.max_concurrency, timeout_s=cfg.timeout_s)
+                report = run_bench([server.url], cfg.traffic, cfg.slos, client, work, do_sweep=cfg.sweep,
+                                   sweep_rates=cfg.sweep_rates, step_duration_s=cfg.step_duration_s)
+                report["server"] = server.info
+        except ReleaseError as exc:
+            return GateResult(self.id, "fail", f"load test could not run: {exc.message}",
+                              evidence=sorted(work.glob("server/server.log")))
+        return judge(self.id, cfg, report, work)
+
+
+def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> GateResult:
+    """Turn a bench report into the gate's result: SLO checks at the judged rate, then cost."""
+    if report["kind"] == "sweep":
+        judged = report["best"] or report["runs"][0]
+    else:
+        judged = report["runs"][0]
+    summary = judged["summary"]
+    checks = [ThresholdCheck(c["metric"], c["value"], c["op"], c["bound"], c["passed"]) for c in judged["slo_checks"]]
+    slo_met = judged["passed"]
+    cost = cost_figures(cfg.cost, summary) if slo_met else {}
+    ceiling = cfg.cost.max_cost_per_million_tokens
+    if ceiling is not None:
+        value = cost.get("cost_per_million_tokens")
+        checks.append(ThresholdCheck("cost_per_million_tokens", value, "<=", ceiling,
+                                     value is not None and value <= ceiling))
+    metrics = _metrics(summary, cost)
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        reason = "missed: " + "; ".join(f"{c.metric} {_fmt(c.value)} (needs {c.op} {c.bound:g})" for c in failed)
+    else:
+        reason = (f"SLOs met at {_fmt(summary['target_rate'])} req/s: p99 TTFT {_fmt(summary['ttft_ms']['p99'])} ms, "
+                  f"p99 TPOT {_fmt(summary['tpot_ms']['p99'])} ms, {summary['output_token_throughput']:.1f} tok/s")
+    evidence = [Path(run["records"]) for run in report["runs"]] + [Path(p) for p in report["plots"]]
+    evidence.append(work / "summary.json")
+    details = {"rate": summary["target_rate"], "kind": report["kind"], "cost": cost,
+               "server": report.get("server", {}), "sweep_best_rate": report.get("best_rate")}
+    return GateResult(gate_id, "fail" if failed else "pass", reason, metrics=metrics, thresholds=checks,
+                      evidence=evidence, details=details)
+
+
+def cost_figures(cost: CostConfig, summary: dict[str, Any]) -> dict[str, float]:
+    """Cost per million output tokens at the measured throughput, and serverless break-even points."""
+    tokens_per_s = float(summary["output_token_throughput"])
+    if cost.gpu_price_per_hour is None or tokens_per_s <= 0:
+        return {}
+    per_hour = cost.gpu_price_per_hour * cost.gpus
+    out = {"cost_per_million_tokens": per_hour / (tokens_per_s * 3600) * 1e6, "cost_per_hour": per_hour}
+    if cost.serverless_price_per_million_tokens is not None:
+        # Dedicated at utilization u costs cost_per_million / u per million tokens; equal at u = cost / price.
+        out["breakeven_utilization_vs_per_token"] = out["cost_per_million_tokens"] / cost.serverless_price_per_million_tokens
+    requests_per_s = float(summary["request_throughput"])
+    if cost.serverless_price_per_request is not None and requests_per_s > 0:
+        out["breakeven_utilization_vs_per_request"] = per_hour / (requests_per_s * 3600 * cost.serverless_price_per_request)
+    return out
+
+
+def _metrics(summary: dict[str, Any], cost: dict[str, float]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        for stat, value in summary[name].items():
+            if value is not None:
+                metrics[f"{name.removesuffix('_ms')}_{stat}_ms"] = float(value)
+    for name in ("error_rate", "request_throughput", "output_token_throughput", "goodput_rps", "achieved_rate"):
+        if summary.get(name) is not None:
+            metrics[name] = float(summary[name])
+    metrics["client_lag_p99_ms"] = float(summary["client_lag_ms"]["p99"])
+    return {**metrics, **cost}
+
+
+def _write_server_config(work: Path, server: ServerSettings | None) -> Path | None:
+    if server is None:
+        return None
+    path = work / "server-config.yaml"
+    path.write_text(yaml.safe_dump({"serving": {"server": server.model_dump()}}))
+    return path
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+__all__ = ["CostConfig", "LoadConfig", "LoadGate", "cost_figures", "judge"]

@@ -1,0 +1,130 @@
+"""Graceful shutdown, the request log's retention policy, and serving a version by alias from MLflow."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from release.errors import InputError
+from release.serving.process import ServerProcess
+from release.serving.requestlog import RequestLog, redact
+from release.serving.settings import RequestLogPolicy
+from release.serving.source import PACKAGE_URI_TAG, resolve_package
+from tests.serving.conftest import write_server_config
+
+
+def test_sigterm_finishes_every_in_flight_stream(tiny_package: Path, tmp_path: Path) -> None:
+    config = write_server_config(tmp_path / "release.yaml", workers=1, queue_size=8, max_output_tokens=1500)
+    results: dict[int, list[str]] = {}
+    first_chunk = threading.Event()
+
+    def stream(i: int, url: str) -> None:
+        body = {"prompt": "alpha beta", "max_tokens": 1500, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        lines: list[str] = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                    first_chunk.set()
+        results[i] = lines
+
+    proc = ServerProcess(str(tiny_package), tmp_path / "srv", config=config).start()
+    try:
+        threads = [threading.Thread(target=stream, args=(i, proc.url)) for i in range(4)]
+        for t in threads:
+            t.start()
+        assert first_chunk.wait(60)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{proc.url}/health").json()["in_flight"] < 4:
+            assert time.monotonic() < deadline, "the four streams were never admitted together"
+            time.sleep(0.01)
+        # One worker: three streams are still queued or generating when the signal arrives.
+        code = proc.stop(timeout_s=120)
+        for t in threads:
+            t.join(120)
+    finally:
+        proc.stop()
+    assert code == 0
+    assert sorted(results) == [0, 1, 2, 3]
+    for lines in results.values():
+        assert lines[-1] == "[DONE]"
+        assert json.loads(lines[-2])["usage"]["completion_tokens"] == 1500
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{proc.url}/health", timeout=2)
+
+
+def test_request_log_redacts_and_is_off_by_default(tiny_package: Path, tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    config = write_server_config(tmp_path / "release.yaml",
+                                 request_log={"enabled": True, "content": "redact", "directory": str(logs)})
+    with ServerProcess(str(tiny_package), tmp_path / "srv", config=config) as proc:
+        prompt = "mail jane.doe@example.com, call +1 555 010 9999, key sk-live_abcdefghijklmnopqrstu"
+        assert httpx.post(f"{proc.url}/v1/completions", json={"prompt": prompt, "max_tokens": 3},
+                          timeout=30).status_code == 200
+    (day,) = logs.glob("requests-*.jsonl")
+    line = json.loads(day.read_text().splitlines()[0])
+    assert line["prompt"] == "mail [EMAIL], call [NUMBER], key [KEY]"
+    assert line["model"] == "tiny-llm:unregistered" and line["output_tokens"] == 3
+    # Off by default: a server without the policy writes nothing.
+    with ServerProcess(str(tiny_package), tmp_path / "srv2", project_dir=tmp_path / "p2") as proc:
+        httpx.post(f"{proc.url}/v1/completions", json={"prompt": "hello", "max_tokens": 2}, timeout=30)
+    assert not list((tmp_path / "p2").rglob("requests-*.jsonl"))
+
+
+def test_retention_deletes_old_days_and_hash_mode_keeps_no_text(tmp_path: Path) -> None:
+    log = RequestLog(RequestLogPolicy(enabled=True, content="hash", retention_days=3), tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    for day in ("2026-01-01", "2026-01-07", "2026-01-08"):
+        (tmp_path / f"requests-{day}.jsonl").write_text("{}\n")
+    log.write({"id": "a"}, "secret prompt", "out", now=dt.datetime(2026, 1, 10, tzinfo=dt.timezone.utc))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "requests-2026-01-08.jsonl", "requests-2026-01-10.jsonl"]
+    line = json.loads((tmp_path / "requests-2026-01-10.jsonl").read_text())
+    assert line["prompt"].startswith("sha256:") and "secret" not in json.dumps(line)
+    assert redact("order 12345 from a@b.io") == "order [NUMBER] from [EMAIL]"
+
+
+def test_serves_a_version_by_alias_and_refuses_a_tampered_package(tiny_package: Path, tmp_path: Path) -> None:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from release.store import connect, ensure_experiment, resolve_store
+
+    project = tmp_path / "project"
+    store = resolve_store(project, environ={})
+    connect(store)
+    client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
+    experiment = ensure_experiment(store, "tiny-llm")
+    with mlflow.start_run(experiment_id=experiment) as run:
+        mlflow.log_artifacts(str(tiny_package), artifact_path="package")
+        uri = mlflow.get_artifact_uri("package")
+    client.create_registered_model("tiny-llm")
+    version = client.create_model_version("tiny-llm", source=uri, run_id=run.info.run_id)
+    client.set_model_version_tag("tiny-llm", version.version, PACKAGE_URI_TAG, uri)
+    client.set_registered_model_alias("tiny-llm", "production", version.version)
+
+    served = resolve_package("tiny-llm@production", project, environ={})
+    assert served.identity.model_id == f"tiny-llm:{version.version}"
+    assert served.identity.serving_config == json.loads((tiny_package / "relctl-package.json").read_text())[
+        "serving_config_hash"]
+    with ServerProcess("tiny-llm@production", tmp_path / "srv", project_dir=project) as proc:
+        resp = httpx.post(f"{proc.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert resp.json()["model"] == f"tiny-llm:{version.version}"
+        assert resp.headers["x-relctl-version"] == str(version.version)
+
+    with pytest.raises(InputError, match="no such model or alias"):
+        resolve_package("tiny-llm@staging", project, environ={})
+    tampered = tmp_path / "tampered"
+    shutil.copytree(tiny_package, tampered)
+    with (tampered / "model" / "genai_config.json").open("a") as fh:
+        fh.write(" ")
+    with pytest.raises(InputError, match="does not match its sha256"):
+        resolve_package(str(tampered), project)
