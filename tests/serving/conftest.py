@@ -30,3 +30,24 @@ def server(tiny_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
                                  max_output_tokens=1024, request_timeout_s=30)
     with ServerProcess(str(tiny_package), work, config=config) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def delay_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """tests/serving/delay_server.py in its own process; yields its base URL."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path_factory.mktemp("delay") / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.serving.delay_server", "--ready-file", str(ready)])
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, "delay server did not start"
+            time.sleep(0.05)
+        yield str(json.loads(ready.read_text())["url"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
