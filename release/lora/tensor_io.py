@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from release.checkpoint import TensorInfo
+from release.lora.workspace import Workspace
 
 TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 CHUNK = 64 * 1024 * 1024
@@ -26,22 +27,28 @@ if sys.byteorder != "little":  # safetensors is little-endian and the buffers be
     raise ImportError("relctl's merge needs a little-endian machine")
 
 
-def read_tensor(fd: int, info: TensorInfo) -> torch.Tensor:
-    """The tensor at `info`'s byte range, in a buffer of its own (writable, so folds can work in place)."""
+def read_tensor(fd: int, info: TensorInfo, workspace: Workspace | None = None, slot: str = "base") -> torch.Tensor:
+    """The tensor at `info`'s byte range, writable so folds can work in place.
+
+    With a workspace it lives in the workspace's `slot` (valid until that slot is taken again).
+    """
     dtype = TORCH_DTYPES[info.dtype]
-    if info.nbytes == 0:
-        return torch.empty(info.shape, dtype=dtype)
-    buffer = bytearray(info.nbytes)
-    _pread_exact(fd, memoryview(buffer), info.start)
-    return torch.frombuffer(buffer, dtype=dtype).reshape(info.shape)
+    if workspace is not None:
+        tensor = workspace.take(slot, info.shape, dtype)
+    else:
+        tensor = torch.empty(info.shape, dtype=dtype)
+    if info.nbytes:
+        _pread_exact(fd, tensor.reshape(-1).view(torch.uint8).numpy().data, info.start)
+    return tensor
 
 
-def write_tensor(fd: int, tensor: torch.Tensor, info: TensorInfo) -> None:
-    """Write `tensor` (row-major, in `info`'s dtype) at `info`'s byte range."""
+def write_tensor(fd: int, tensor: torch.Tensor, info: TensorInfo) -> int:
+    """Write `tensor` (row-major, in `info`'s dtype) at `info`'s byte range; return the bytes written."""
     data = tensor.contiguous().reshape(-1).view(torch.uint8)
     if data.numel() != info.nbytes or tensor.dtype != TORCH_DTYPES[info.dtype]:
         raise RuntimeError(f"bug: merged '{info.name}' is {tensor.dtype}{list(tensor.shape)}, expected {info.dtype}")
     _pwrite_all(fd, data.numpy().data, info.start)
+    return info.nbytes
 
 
 def copy_range(src: int, dst: int, start: int, end: int, progress: Progress) -> None:

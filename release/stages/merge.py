@@ -144,7 +144,10 @@ def _check_out_dir(out_dir: Path, needed: int) -> None:
 def _write_shards(headers: list[SafetensorsHeader], plan: AdapterPlan, adapter_file: Path, out: Path,
                   progress: MergeProgress | None) -> int:
     # torch is imported here, not at module import, so `relctl --help` and the other stages stay fast.
+    import torch
+
     from release.lora.shards import write_merged_shard
+    from release.lora.workspace import Workspace
 
     total = sum(h.path.stat().st_size for h in headers)
     done = 0
@@ -156,11 +159,17 @@ def _write_shards(headers: list[SafetensorsHeader], plan: AdapterPlan, adapter_f
             progress(done, total)
 
     changed = 0
+    workspace = Workspace()
     adapter_fd = os.open(adapter_file, os.O_RDONLY)
+    # The folds are memory-bound and run beside a writer thread; a second OpenMP thread gains little
+    # and, on a busy machine, its spin-waits made the merge 5x slower (benchmarks/merge.py).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         for header in headers:
-            changed += write_merged_shard(header, out / header.path.name, plan, adapter_fd, advance)
+            changed += write_merged_shard(header, out / header.path.name, plan, adapter_fd, workspace, advance)
     finally:
+        torch.set_num_threads(threads)
         os.close(adapter_fd)
     return changed
 
