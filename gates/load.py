@@ -28,11 +28,11 @@ from release.serving.settings import ServerSettings
 class CostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_price_per_hour: float | None = Field(None, ge=0, description="price of one accelerator (or host) per hour")
-    gpus: int = Field(1, ge=1, description="accelerators per replica")
-    max_cost_per_million_tokens: float | None = Field(None, gt=0, description="fail above this cost")
-    serverless_price_per_million_tokens: float | None = Field(None, gt=0)
-    serverless_price_per_request: float | None = Field(None, gt=0)
+    gpu_price_per_hour: float | None = Field(default=None, ge=0, description="price of one accelerator (or host) per hour")
+    gpus: int = Field(default=1, ge=1, description="accelerators per replica")
+    max_cost_per_million_tokens: float | None = Field(default=None, gt=0, description="fail above this cost")
+    serverless_price_per_million_tokens: float | None = Field(default=None, gt=0)
+    serverless_price_per_request: float | None = Field(default=None, gt=0)
 
 
 class LoadConfig(BaseModel):
@@ -43,12 +43,12 @@ class LoadConfig(BaseModel):
     traffic: Traffic = Traffic(rate=2.0, requests=40)
     slos: SLOs = SLOs()
     endpoint: Literal["completions", "chat"] = "completions"
-    max_concurrency: int | None = Field(None, ge=1)
-    timeout_s: float = Field(60.0, gt=0)
-    sweep: bool = Field(False, description="find the highest SLO-meeting rate, starting at traffic.rate")
+    max_concurrency: int | None = Field(default=None, ge=1)
+    timeout_s: float = Field(default=60.0, gt=0)
+    sweep: bool = Field(default=False, description="find the highest SLO-meeting rate, starting at traffic.rate")
     sweep_rates: list[float] | None = None
-    step_duration_s: float = Field(5.0, gt=0)
-    server: ServerSettings | None = Field(None, description="server settings; default: the package's own")
+    step_duration_s: float = Field(default=5.0, gt=0)
+    server: ServerSettings | None = Field(default=None, description="server settings; default: the package's own")
     cost: CostConfig = CostConfig()
 
 

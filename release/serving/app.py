@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 
@@ -131,8 +131,8 @@ async def answer(state: ServerState, request: Request, chat: bool) -> Response:
     if not engine.try_admit():
         state.metrics.rejected.labels("queue_full").inc()
         state.metrics.requests.labels(endpoint, "429").inc()
-        problem = RequestProblem("queue", "server at capacity, retry later", status=429)
-        return JSONResponse(problem.body(), status_code=429, headers={"Retry-After": str(engine.retry_after_s())})
+        full = RequestProblem("queue", "server at capacity, retry later", status=429)
+        return JSONResponse(full.body(), status_code=429, headers={"Retry-After": str(engine.retry_after_s())})
     try:
         events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s)
         first = await anext(events)
@@ -144,8 +144,8 @@ async def answer(state: ServerState, request: Request, chat: bool) -> Response:
         engine.release()
         state.metrics.rejected.labels("timeout").inc()
         state.metrics.requests.labels(endpoint, "504").inc()
-        problem = RequestProblem("request", "timed out waiting for a worker", status=504)
-        return JSONResponse(problem.body(), status_code=504)
+        late = RequestProblem("request", "timed out waiting for a worker", status=504)
+        return JSONResponse(late.body(), status_code=504)
     run = Run(state, prepared, arrived)
     if prepared.stream:
         return StreamingResponse(run.stream(first, events), media_type="text/event-stream",
@@ -200,11 +200,11 @@ class Run:
         self.first_token_at: float | None = None
         self.pieces: list[str] = []
 
-    async def stream(self, first: str | Finished, events: AsyncIterator[str | Finished]) -> AsyncIterator[bytes]:
+    async def stream(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> AsyncIterator[bytes]:
         model, chat = self.state.identity.model_id, self.p.chat
         finished: Finished | None = None
         try:
-            async with aclosing(events) as rest:  # type: ignore[type-var]
+            async with aclosing(events) as rest:
                 event: str | Finished = first
                 is_first = True
                 while True:
@@ -225,10 +225,10 @@ class Run:
         finally:
             self.finish(finished, "200" if finished is not None else "499")
 
-    async def whole(self, first: str | Finished, events: AsyncIterator[str | Finished]) -> Response:
+    async def whole(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> Response:
         finished: Finished | None = None
         try:
-            async with aclosing(events) as rest:  # type: ignore[type-var]
+            async with aclosing(events) as rest:
                 event: str | Finished = first
                 while not isinstance(event, Finished):
                     self.note(event)

@@ -115,7 +115,7 @@ def bench_command(url: str, others: tuple[str, ...], arrival: str, rate: float |
     if duration is not None:
         if rate is None:
             raise InputError("--duration: needs --rate", hint="pass --rate N or --requests N")
-        count = max(1, int(round(rate * duration)))
+        count = max(1, round(rate * duration))
     try:
         rates = [float(r) for r in sweep_rates.split(",")] if sweep_rates else None
     except ValueError as exc:

@@ -13,7 +13,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,9 +114,8 @@ class Engine:
         return rendered
 
     # -- generation -----------------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float) -> AsyncIterator[
-        str | Finished
-    ]:
+    async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float
+                       ) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot."""
         job = Job(prompt_ids, params, deadline, asyncio.get_running_loop())
         self._pool.submit(self._run, job)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -35,7 +35,7 @@ class ServerProcess:
     def url(self) -> str:
         return str(self.info["url"])
 
-    def start(self) -> ServerProcess:
+    def start(self) -> Self:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         ready = self.work_dir / "server-ready.json"
         ready.unlink(missing_ok=True)
@@ -75,7 +75,7 @@ class ServerProcess:
         lines = path.read_text(errors="replace").strip().splitlines() if path.is_file() else []
         return lines[-1] if lines else "(no output)"
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

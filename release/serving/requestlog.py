@@ -64,7 +64,7 @@ class RequestLog:
     def write(self, record: dict[str, Any], prompt: str, output: str, now: dt.datetime | None = None) -> None:
         if not self.policy.enabled:
             return
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         line = {"time": now.isoformat(), **record, "prompt": self.keep(prompt), "output": self.keep(output)}
         with self._lock:
             if self._day != now.date():

@@ -16,13 +16,13 @@ class RequestLogPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = Field(False, description="write one JSONL line per request")
+    enabled: bool = Field(default=False, description="write one JSONL line per request")
     # redact: emails, numbers and keys replaced by placeholders; hash: sha256 only; full: verbatim.
     content: Literal["redact", "hash", "full", "none"] = Field(
-        "redact", description="how prompts and outputs are kept: redact, hash, full or none (metadata only)"
+        default="redact", description="how prompts and outputs are kept: redact, hash, full or none (metadata only)"
     )
-    retention_days: int = Field(7, ge=1, le=3650, description="log files older than this are deleted")
-    directory: str | None = Field(None, description="log folder; default: <state dir>/request-logs")
+    retention_days: int = Field(default=7, ge=1, le=3650, description="log files older than this are deleted")
+    directory: str | None = Field(default=None, description="log folder; default: <state dir>/request-logs")
 
 
 class ServerSettings(BaseModel):
@@ -30,14 +30,14 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(2, ge=1, le=64, description="generations running at once (one generator each)")
-    queue_size: int = Field(16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
-    max_prompt_tokens: int = Field(1024, ge=1, description="longer prompts are refused with 400")
-    max_output_tokens: int = Field(512, ge=1, description="max_tokens above this is refused with 400")
-    default_max_tokens: int = Field(16, ge=1, description="max_tokens when a request gives none")
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="larger request bodies are refused")
-    request_timeout_s: float = Field(60.0, gt=0, description="queue wait + generation; then 504")
-    shutdown_grace_s: float = Field(30.0, ge=0, description="time in-flight requests get to finish on stop")
+    workers: int = Field(default=2, ge=1, le=64, description="generations running at once (one generator each)")
+    queue_size: int = Field(default=16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
+    max_prompt_tokens: int = Field(default=1024, ge=1, description="longer prompts are refused with 400")
+    max_output_tokens: int = Field(default=512, ge=1, description="max_tokens above this is refused with 400")
+    default_max_tokens: int = Field(default=16, ge=1, description="max_tokens when a request gives none")
+    max_body_bytes: int = Field(default=1_000_000, ge=1024, description="larger request bodies are refused")
+    request_timeout_s: float = Field(default=60.0, gt=0, description="queue wait + generation; then 504")
+    shutdown_grace_s: float = Field(default=30.0, ge=0, description="time in-flight requests get to finish on stop")
     request_log: RequestLogPolicy = RequestLogPolicy()
 
     @model_validator(mode="after")

@@ -84,7 +84,7 @@ def test_retention_deletes_old_days_and_hash_mode_keeps_no_text(tmp_path: Path) 
     tmp_path.mkdir(exist_ok=True)
     for day in ("2026-01-01", "2026-01-07", "2026-01-08"):
         (tmp_path / f"requests-{day}.jsonl").write_text("{}\n")
-    log.write({"id": "a"}, "secret prompt", "out", now=dt.datetime(2026, 1, 10, tzinfo=dt.timezone.utc))
+    log.write({"id": "a"}, "secret prompt", "out", now=dt.datetime(2026, 1, 10, tzinfo=dt.UTC))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "requests-2026-01-08.jsonl", "requests-2026-01-10.jsonl"]
     line = json.loads((tmp_path / "requests-2026-01-10.jsonl").read_text())

@@ -53,7 +53,7 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
     endpoints = {_label(i, url, len(urls)): _options(client, url) for i, url in enumerate(urls)}
     report: dict[str, Any] = {"traffic": traffic.model_dump(), "slos": slos.model_dump()}
     if do_sweep:
-        (label, opts), = endpoints.items()
+        (opts,) = endpoints.values()
         result = sweep(opts, traffic, slos, step_duration_s=step_duration_s, rates=sweep_rates, base_dir=base_dir)
         runs = result.steps
         best = result.best

@@ -126,7 +126,7 @@ async def _one(session: aiohttp.ClientSession, opts: ClientOptions, rec: Record,
                 await _read_stream(resp, rec, planned)
             else:
                 await _read_whole(resp, rec, planned)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         rec.status, rec.error = "timeout", f"no complete answer within {opts.timeout_s}s"
     except aiohttp.ClientConnectorError as exc:
         rec.status, rec.error = "connect", str(exc)[:300]

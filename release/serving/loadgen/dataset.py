@@ -67,8 +67,7 @@ def synthetic_dataset(n: int, seed: int, prompt_words: tuple[int, int] = (4, 96)
                       output_tokens: tuple[int, int] = (8, 64)) -> list[Sample]:
     """A seeded stand-in when no dataset is given: log-uniform prompt lengths, uniform output lengths."""
     rng = np.random.default_rng(seed + 2)
-    vocab = ("the model serves requests with tokens from many prompts of different lengths while a load test "
-             "measures latency throughput and errors under bursty traffic").split()
+    vocab = ["the", "model", "serves", "requests", "with", "tokens", "from", "many", "prompts", "of", "different", "lengths", "while", "a", "load", "test", "measures", "latency", "throughput", "and", "errors", "under", "bursty", "traffic"]
     lo, hi = np.log(prompt_words[0]), np.log(prompt_words[1])
     rows = []
     for _ in range(n):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from release.serving.loadgen.runner import RunResult
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display, works headless in CI
@@ -60,7 +61,7 @@ def plot_latency_vs_rate(steps: list[RunResult], path: Path) -> Path:
     return _save(fig, plt, path)
 
 
-def _save(fig, plt, path: Path) -> Path:  # type: ignore[no-untyped-def]
+def _save(fig: Any, plt: Any, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)

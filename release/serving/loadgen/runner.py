@@ -27,14 +27,14 @@ class Traffic(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arrival: ArrivalKind = "poisson"
-    rate: float | None = Field(4.0, gt=0, description="requests/s; with a trace: rescale it to this rate")
-    burstiness: float = Field(1.0, gt=0, description="Gamma shape: 1 = Poisson, < 1 burstier")
-    requests: int = Field(100, ge=1, le=1_000_000)
-    trace: str | None = Field(None, description="JSONL with 'timestamp' per row (arrival: trace)")
-    dataset: str | None = Field(None, description="JSONL of {prompt|messages, output_tokens}; default synthetic")
-    output_tokens: int = Field(32, ge=1, description="output length for rows that give none")
+    rate: float | None = Field(default=4.0, gt=0, description="requests/s; with a trace: rescale it to this rate")
+    burstiness: float = Field(default=1.0, gt=0, description="Gamma shape: 1 = Poisson, < 1 burstier")
+    requests: int = Field(default=100, ge=1, le=1_000_000)
+    trace: str | None = Field(default=None, description="JSONL with 'timestamp' per row (arrival: trace)")
+    dataset: str | None = Field(default=None, description="JSONL of {prompt|messages, output_tokens}; default synthetic")
+    output_tokens: int = Field(default=32, ge=1, description="output length for rows that give none")
     seed: int = 0
-    warmup: int = Field(2, ge=0, description="requests sent (sequentially, unrecorded) before the run")
+    warmup: int = Field(default=2, ge=0, description="requests sent (sequentially, unrecorded) before the run")
 
 
 @dataclass
@@ -125,7 +125,7 @@ def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: fl
     result = SweepResult()
 
     def step(rate: float) -> bool:
-        n = max(min_requests, int(round(rate * step_duration_s)))
+        n = max(min_requests, round(rate * step_duration_s))
         offsets, samples = plan_traffic(traffic.model_copy(update={"requests": n}), rate, base_dir)
         run = run_one(f"rate-{rate:g}", opts, offsets, samples, slos, rate, traffic.warmup if not result.steps else 0)
         result.steps.append(run)

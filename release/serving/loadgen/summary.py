@@ -19,18 +19,18 @@ class SLOs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    ttft_p95_ms: float | None = Field(None, gt=0)
-    ttft_p99_ms: float | None = Field(None, gt=0)
-    tpot_p95_ms: float | None = Field(None, gt=0)
-    tpot_p99_ms: float | None = Field(None, gt=0)
-    e2el_p95_ms: float | None = Field(None, gt=0)
-    e2el_p99_ms: float | None = Field(None, gt=0)
-    max_error_rate: float | None = Field(0.01, ge=0, le=1)
-    min_goodput_rps: float | None = Field(None, ge=0, description="requests/s meeting every per-request SLO")
+    ttft_p95_ms: float | None = Field(default=None, gt=0)
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    tpot_p95_ms: float | None = Field(default=None, gt=0)
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    e2el_p95_ms: float | None = Field(default=None, gt=0)
+    e2el_p99_ms: float | None = Field(default=None, gt=0)
+    max_error_rate: float | None = Field(default=0.01, ge=0, le=1)
+    min_goodput_rps: float | None = Field(default=None, ge=0, description="requests/s meeting every per-request SLO")
     # A request counts toward goodput when it succeeded and met each of these that is set.
-    request_ttft_ms: float | None = Field(None, gt=0)
-    request_tpot_ms: float | None = Field(None, gt=0)
-    request_e2el_ms: float | None = Field(None, gt=0)
+    request_ttft_ms: float | None = Field(default=None, gt=0)
+    request_tpot_ms: float | None = Field(default=None, gt=0)
+    request_e2el_ms: float | None = Field(default=None, gt=0)
 
 
 @dataclass(frozen=True)
