@@ -1,0 +1,204 @@
+"""Serving memory: an estimate everywhere, a measurement where a CUDA GPU exists.
+
+Per replica: weights + KV cache + workspace, where
+    KV cache  = 2 (K and V) x layers x kv_heads x head_dim x bytes per element x concurrency x context_tokens
+    workspace = workspace_fraction x (weights + KV cache)
+A rolling update runs `rollout_replicas` replicas side by side on the accelerator, so the peak the plan
+must fit is per_replica x rollout_replicas; the headroom is what is left of `gpu_memory_gib` at that peak.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from release.config import ServingConfig
+from release.errors import InputError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """All sizes in bytes. `max_concurrency` is the most concurrent sequences that still fit at the peak."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    workspace_bytes: int
+    per_replica_bytes: int
+    rollout_replicas: int
+    peak_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    fits: bool
+    max_concurrency: int
+    concurrency: int
+    context_tokens: int
+
+    @property
+    def headroom_fraction(self) -> float:
+        return self.headroom_bytes / self.capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["headroom_fraction"] = round(self.headroom_fraction, 6)
+        data["peak_gib"] = round(self.peak_bytes / GIB, 4)
+        data["capacity_gib"] = round(self.capacity_bytes / GIB, 4)
+        return data
+
+
+@dataclass(frozen=True)
+class MemoryMeasurement:
+    """A real GPU measurement, or `peak_bytes=None` and the reason none could be taken."""
+
+    peak_bytes: int | None
+    reason: str
+    device: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kv_geometry(config: dict[str, Any]) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) from an HF config.json; InputError naming a missing field."""
+    layers = first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
+    heads = first_int(config, ("num_attention_heads", "n_head"))
+    kv_heads = first_int(config, ("num_key_value_heads",), default=heads)
+    head_dim = config.get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        hidden = first_int(config, ("hidden_size", "n_embd"))
+        head_dim = hidden // heads
+    return layers, kv_heads, head_dim
+
+
+def first_int(config: dict[str, Any], keys: tuple[str, ...], default: int | None = None) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    if default is not None:
+        return default
+    raise InputError(
+        f"config.json: no positive integer '{keys[0]}'",
+        hint="the memory estimate needs the model's layer and attention-head counts from config.json",
+    )
+
+
+def estimate_memory(
+    config: dict[str, Any], weights_bytes: int, serving: ServingConfig, kv_dtype_bytes: int
+) -> MemoryEstimate:
+    """Weights + KV cache at the planned concurrency and context + workspace, x rollout replicas."""
+    if weights_bytes < 0:
+        raise InputError(f"weights_bytes: {weights_bytes} is negative", hint="pass the size of the model files")
+    if kv_dtype_bytes not in (1, 2, 4):
+        raise InputError(f"kv_dtype_bytes: {kv_dtype_bytes} is not 1, 2 or 4", hint="fp16 KV is 2, fp32 is 4")
+    layers, kv_heads, head_dim = kv_geometry(config)
+    per_token = 2 * layers * kv_heads * head_dim * kv_dtype_bytes
+    kv = per_token * serving.concurrency * serving.context_tokens
+    workspace = math.ceil(serving.workspace_fraction * (weights_bytes + kv))
+    per_replica = weights_bytes + kv + workspace
+    peak = per_replica * serving.rollout_replicas
+    capacity = int(serving.gpu_memory_gib * GIB)
+    return MemoryEstimate(
+        weights_bytes=weights_bytes,
+        kv_cache_bytes=kv,
+        kv_bytes_per_token=per_token,
+        workspace_bytes=workspace,
+        per_replica_bytes=per_replica,
+        rollout_replicas=serving.rollout_replicas,
+        peak_bytes=peak,
+        capacity_bytes=capacity,
+        headroom_bytes=capacity - peak,
+        fits=peak <= capacity,
+        max_concurrency=max_concurrency(capacity, weights_bytes, per_token, serving),
+        concurrency=serving.concurrency,
+        context_tokens=serving.context_tokens,
+    )
+
+
+def max_concurrency(capacity: int, weights: int, per_token: int, serving: ServingConfig) -> int:
+    """Largest c with rollout x (1 + workspace) x (weights + per_token x context x c) <= capacity."""
+    per_replica_budget = capacity / (serving.rollout_replicas * (1 + serving.workspace_fraction))
+    per_sequence = per_token * serving.context_tokens
+    if per_sequence == 0:
+        return 0
+    return max(0, math.floor((per_replica_budget - weights) / per_sequence))
+
+
+def folder_weights_bytes(model_dir: Path) -> int:
+    """Bytes of the ONNX graph and its external data in a converted folder (what a replica loads)."""
+    return sum(p.stat().st_size for p in model_dir.iterdir() if p.name.endswith((".onnx", ".onnx.data")))
+
+
+def folder_kv_dtype_bytes(model_dir: Path) -> int:
+    """Bytes per KV-cache element of a converted genai folder, read from its graph's past_key_values inputs."""
+    import onnx
+
+    graph = onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
+    sizes = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2}
+    for graph_input in graph.input:
+        if graph_input.name.startswith("past_key_values"):
+            elem_type = graph_input.type.tensor_type.elem_type
+            if elem_type in sizes:
+                return sizes[elem_type]
+    raise InputError(
+        f"{model_dir.name}: model.onnx has no float past_key_values input",
+        hint="the memory estimate needs an onnxruntime-genai decoder folder (convert with the genai exporter)",
+    )
+
+
+def measure_memory(model_dir: Path, serving: ServingConfig) -> MemoryMeasurement:
+    """GPU memory this process uses after loading `model_dir` on CUDA and generating a full batch.
+
+    Needs onnxruntime-genai built with CUDA and an NVIDIA GPU; anywhere else it returns peak_bytes=None
+    with the reason, and the estimate is the only memory evidence.
+    """
+    import onnxruntime_genai as og
+
+    from release.runtime import read_genai_config
+
+    read_genai_config(model_dir)
+    if shutil.which("nvidia-smi") is None:
+        return MemoryMeasurement(None, "no NVIDIA GPU on this host (nvidia-smi not found); estimate only")
+    if not og.is_cuda_available():
+        return MemoryMeasurement(None, "onnxruntime-genai was built without CUDA; install onnxruntime-genai-cuda")
+    return _measure_on_cuda(model_dir, serving)
+
+
+def _measure_on_cuda(model_dir: Path, serving: ServingConfig) -> MemoryMeasurement:
+    import os
+
+    import numpy as np
+    import onnxruntime_genai as og
+
+    config = og.Config(str(model_dir))
+    config.clear_providers()
+    config.append_provider("cuda")
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    # A full batch at the planned context length: the KV cache is allocated for max_length up front.
+    params.set_search_options(max_length=serving.context_tokens, do_sample=False, batch_size=serving.concurrency)
+    generator = og.Generator(model, params)
+    prompt = np.ones((serving.concurrency, 8), dtype=np.int32)
+    generator.append_tokens(prompt)
+    generator.generate_next_token()
+    used = _process_gpu_bytes(os.getpid())
+    del generator, model
+    if used is None:
+        return MemoryMeasurement(None, "nvidia-smi did not report this process's memory", device="cuda")
+    return MemoryMeasurement(used, "measured with nvidia-smi after load + one batched step", device="cuda")
+
+
+def _process_gpu_bytes(pid: int) -> int | None:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=False,
+    ).stdout
+    total = sum(int(mib) * 1024 * 1024 for p, mib in (ln.split(",") for ln in out.splitlines() if "," in ln)
+                if p.strip() == str(pid))
+    return total or None
