@@ -67,29 +67,42 @@ def gate_context(package: Path, work: Path) -> GateContext:
     return GateContext(model_name="tiny-llm", package_dir=package, work_dir=work, production=None)
 
 
+def eval_prompts_as_dataset(tiny_data: Path, path: Path) -> Path:
+    """The trained model's eval prompts, with output lengths spread over 2..8 tokens."""
+    rows = [json.loads(line) for line in (tiny_data / "eval.jsonl").read_text().splitlines() if line.strip()]
+    path.write_text("\n".join(json.dumps({"prompt": r["prompt"], "output_tokens": 2 + i % 7})
+                              for i, r in enumerate(rows)))
+    return path
+
+
 @pytest.mark.slow
-def test_load_gate_passes_lenient_slos_and_fails_an_impossible_one(tiny_package: Path, tmp_path: Path) -> None:
-    dataset = write_dataset(tmp_path / "data.jsonl")
+def test_load_gate_passes_lenient_slos_and_fails_an_impossible_one(trained_package: Path, tiny_data: Path,
+                                                                   tmp_path: Path) -> None:
+    dataset = eval_prompts_as_dataset(tiny_data, tmp_path / "data.jsonl")
     traffic = {"arrival": "poisson", "rate": 8, "requests": 40, "dataset": str(dataset), "seed": 3}
     cost = {"gpu_price_per_hour": 2.0, "serverless_price_per_million_tokens": 0.5, "serverless_price_per_request": 0.001}
     lenient = LoadConfig.model_validate({
         "traffic": traffic, "cost": cost,
         "slos": {"ttft_p95_ms": 5000, "ttft_p99_ms": 10000, "tpot_p99_ms": 1000, "e2el_p99_ms": 20000,
                  "max_error_rate": 0.0, "min_goodput_rps": 1.0}})
-    result = LoadGate(lenient).run(gate_context(tiny_package, tmp_path / "lenient"))
+    result = LoadGate(lenient).run(gate_context(trained_package, tmp_path / "lenient"))
     assert result.status == "pass", result.reason
     assert result.metrics["error_rate"] == 0.0
+    assert result.details["server"]["model"] == "tiny-llm:unregistered"
     tokens_per_s = result.metrics["output_token_throughput"]
     assert result.metrics["cost_per_million_tokens"] == pytest.approx(2.0 / (tokens_per_s * 3600) * 1e6)
     assert result.metrics["breakeven_utilization_vs_per_token"] == pytest.approx(
         result.metrics["cost_per_million_tokens"] / 0.5)
-    assert {p.name for p in result.evidence} >= {"summary.json", "latency-cdf.png", "records-127.0.0.1-" +
-                                                  result.details["server"]["url"].rsplit(":", 1)[1] + ".jsonl"}
+    names = {p.name for p in result.evidence}
+    assert {"summary.json", "latency-cdf.png"} <= names and any(n.startswith("records-") for n in names)
     assert all(p.is_file() for p in result.evidence)
+    records = [json.loads(line) for p in result.evidence if p.name.startswith("records-")
+               for line in p.read_text().splitlines()]
+    assert len(records) == 40 and all(r["output_tokens"] == r["expected_output_tokens"] for r in records)
 
     impossible = LoadConfig.model_validate({"traffic": traffic, "slos": {"ttft_p99_ms": 0.001},
                                             "cost": {**cost, "max_cost_per_million_tokens": 1e9}})
-    failed = LoadGate(impossible).run(gate_context(tiny_package, tmp_path / "impossible"))
+    failed = LoadGate(impossible).run(gate_context(trained_package, tmp_path / "impossible"))
     assert failed.status == "fail"
     assert "ttft_p99_ms" in failed.reason
     # No SLO-meeting rate: no cost is claimed, so the cost ceiling cannot pass either.
