@@ -11,6 +11,7 @@ Output layout of `train_tiny_llm(out_dir, cfg)`:
                                  adapter_config.json + adapter_model.safetensors (LoRA)
     out_dir/validation/prompts.jsonl   {"prompt": ...}  for fp32-vs-converted comparisons
     out_dir/eval.jsonl                 {"prompt": ..., "expected": ...}  held-out task + safety rows
+    out_dir/train.jsonl                the distinct training rows (same fields)
     out_dir/train_report.json          losses and exact-match numbers
 Generated text is compared after `.strip()`: answers start with a space token.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +48,8 @@ class Example:
 class TrainConfig:
     """Everything that determines a run; same config + same seed gives the same weights."""
 
-    base_steps: int = 250
-    lora_steps: int = 150
+    base_steps: int = 150
+    lora_steps: int = 100
     base_lr: float = 3e-3
     lora_lr: float = 5e-3
     batch_size: int = 64
@@ -62,6 +64,8 @@ class TrainConfig:
     intermediate_size: int = 128
     max_position_embeddings: int = 128
     n_eval_task: int = 56
+    # One thread: the matrices are tiny, and on a shared CPU OpenMP's spinning threads cost ~10x wall time.
+    threads: int = 1
 
 
 @dataclass
@@ -173,21 +177,24 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TrainConfig) -> LlamaFo
     return model
 
 
-def encode_batch(tokenizer: PreTrainedTokenizerFast, rows: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-padded input ids with labels on the answer (+EOS) only, so loss teaches the task."""
-    seqs: list[list[int]] = []
-    labels: list[list[int]] = []
-    for row in rows:
-        prompt_ids = tokenizer(row.prompt)["input_ids"]
-        full_ids = tokenizer(f"{row.prompt} {row.expected}")["input_ids"] + [tokenizer.eos_token_id]
-        seqs.append(full_ids)
-        labels.append([-100] * len(prompt_ids) + full_ids[len(prompt_ids):])
-    width = max(len(s) for s in seqs)
-    pad = tokenizer.pad_token_id
+def tokenize_rows(tokenizer: PreTrainedTokenizerFast, rows: list[Example]) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) per row, labels on the answer (+EOS) only, so the loss teaches the task."""
+    prompts = tokenizer([r.prompt for r in rows])["input_ids"]
+    fulls = tokenizer([f"{r.prompt} {r.expected}" for r in rows])["input_ids"]
+    out = []
+    for prompt_ids, full in zip(prompts, fulls):
+        ids = full + [tokenizer.eos_token_id]
+        out.append((ids, [-100] * len(prompt_ids) + ids[len(prompt_ids):]))
+    return out
+
+
+def collate(pairs: list[tuple[list[int], list[int]]], pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; padding is masked out of attention and loss."""
+    width = max(len(ids) for ids, _ in pairs)
     return {
-        "input_ids": torch.tensor([s + [pad] * (width - len(s)) for s in seqs]),
-        "attention_mask": torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs]),
-        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels]),
+        "input_ids": torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in pairs]),
+        "attention_mask": torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in pairs]),
+        "labels": torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in pairs]),
     }
 
 
@@ -195,13 +202,14 @@ def train(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, rows: list
           steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
     """AdamW on random batches with linear decay; returns the loss of every step."""
     rng = random.Random(seed)
+    encoded = tokenize_rows(tokenizer, rows)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(steps, 1))
     model.train()
     losses: list[float] = []
     for _ in range(steps):
-        batch = encode_batch(tokenizer, rng.sample(rows, min(batch_size, len(rows))))
+        batch = collate(rng.sample(encoded, min(batch_size, len(encoded))), tokenizer.pad_token_id)
         loss = model(**batch).loss
         opt.zero_grad()
         loss.backward()
@@ -260,15 +268,25 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def write_data(data_dir: Path, eval_rows: list[Example]) -> None:
-    """validation/prompts.jsonl (32 task prompts) and eval.jsonl (held-out task + safety rows)."""
+def write_data(data_dir: Path, train_rows: list[Example], eval_rows: list[Example]) -> None:
+    """validation/prompts.jsonl (32 task prompts), eval.jsonl (held-out task + safety), train.jsonl."""
     prompts = [{"prompt": r.prompt} for r in eval_rows if r.prompt.startswith("reverse")][:32]
     write_jsonl(data_dir / "validation" / "prompts.jsonl", prompts)
-    write_jsonl(data_dir / "eval.jsonl", [{"prompt": r.prompt, "expected": r.expected} for r in eval_rows])
+    write_jsonl(data_dir / "eval.jsonl", [asdict(r) for r in eval_rows])
+    write_jsonl(data_dir / "train.jsonl", [asdict(r) for r in train_rows])
 
 
 def train_tiny_llm(out_dir: Path, cfg: TrainConfig = TrainConfig()) -> TrainResult:
     """Train base + LoRA, save the checkpoint and data files under `out_dir`, and score the result."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _train_and_save(out_dir, cfg)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train_and_save(out_dir: Path, cfg: TrainConfig) -> TrainResult:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(cfg.seed)
@@ -294,13 +312,16 @@ def train_tiny_llm(out_dir: Path, cfg: TrainConfig = TrainConfig()) -> TrainResu
     fix_config(ckpt)
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                       target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, lora)
+    with warnings.catch_warnings():
+        # peft 0.21 reads a transformers attribute that transformers 5 deprecated; nothing to act on.
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(model, lora)
     result.lora_losses = train(peft_model, tokenizer, lora_rows, cfg.lora_steps, cfg.lora_lr,
                                cfg.batch_size, cfg.seed + 1)
     result.eval_exact_match = exact_match(peft_model, tokenizer, eval_rows)
     peft_model.save_pretrained(str(ckpt), safe_serialization=True)
     (ckpt / "README.md").unlink(missing_ok=True)  # PEFT's model-card stub; not part of the layout
-    write_data(out_dir, eval_rows)
+    write_data(out_dir, train_rows + (safety_train if cfg.safety else []), eval_rows)
     report = {k: v for k, v in asdict(result).items() if k not in ("checkpoint_dir", "data_dir")}
     (out_dir / "train_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return result
