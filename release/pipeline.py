@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release.errors import InputError
 from release.hashing import sha256_json
 from release.progress import Progress
 
@@ -61,6 +62,8 @@ class Pipeline:
         try:
             with self.progress.stage(name):
                 outputs = fn(partial)
+        except InputError:
+            raise  # bad input is reported as its own single error line
         except BaseException:
             self.progress.failed(name, "failed")
             raise
