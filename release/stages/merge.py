@@ -219,7 +219,8 @@ def _fsync(path: Path) -> None:
 
 
 def _notes(plan: AdapterPlan) -> list[str]:
-    notes = ["adapter math in fp32 as PeftModel.from_pretrained(autocast_adapter_dtype=True) does"]
+    notes = [("adapter math in fp32 (fp64 for fp64 weights), as PeftModel.from_pretrained's default "
+              "autocast_adapter_dtype=True does")]
     if plan.replacements:
         names = sorted(plan.replacements)
         notes.append(f"base tensors replaced by the adapter's trained copies: {', '.join(names[:5])}"
