@@ -23,7 +23,7 @@ import random
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -146,8 +146,7 @@ def build_tokenizer(texts: list[str], out_dir: Path) -> PreTrainedTokenizerFast:
 def load_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
-    tokenizer: PreTrainedTokenizerFast = AutoTokenizer.from_pretrained(str(folder))
-    return tokenizer
+    return cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(folder)))
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TrainConfig) -> LlamaForCausalLM:
@@ -167,7 +166,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, cfg: TrainConfig) -> LlamaFo
         pad_token_id=tokenizer.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -244,7 +243,7 @@ def greedy_generate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
                 break
         gen = torch.stack(new, dim=1)
         for row, i in enumerate(idxs):
-            out[i] = tokenizer.decode(gen[row].tolist(), skip_special_tokens=True).strip()
+            out[i] = str(tokenizer.decode(gen[row].tolist(), skip_special_tokens=True)).strip()
     return [out[i] for i in range(len(prompts))]
 
 

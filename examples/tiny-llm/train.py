@@ -68,6 +68,7 @@ def log_dataset(path: Path, name: str, context: str, artifact_uri: str) -> str:
     import mlflow
     import pandas as pd
     from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.pandas_dataset import from_pandas
 
     full = sha256_file(path)
     df = pd.read_json(path, lines=True)
@@ -75,7 +76,7 @@ def log_dataset(path: Path, name: str, context: str, artifact_uri: str) -> str:
         # mlflow 3.17 registers its local artifact source twice and warns that file:// URIs are ambiguous.
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
         source = resolve_dataset_source(artifact_uri)
-    dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=full[:16])
+    dataset = from_pandas(df, source=source, name=name, digest=full[:16])
     mlflow.log_input(dataset, context=context)
     mlflow.set_tag(f"data.{name}.sha256", full)
     return full
