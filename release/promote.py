@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -195,6 +196,7 @@ class Promotion:
 
     def _register(self, name: str, package: PackageManifest, report: ReleaseReport) -> None:
         assert report.release_run is not None
+        start = time.perf_counter()
         package_uri = reg.log_package(report.release_run, package)
         info = reg.log_onnx_model(package)
         extra = {"relctl.release_run_id": report.release_run, "relctl.package_uri": package_uri,
@@ -216,7 +218,7 @@ class Promotion:
         report.aliases = move.changes
         self.registry.client.update_model_version(name, version, description=model_card(report))
         previous = move.changes.get(PREVIOUS, [None, None])[1]
-        self.progress.done("register", 0.0, f"{name} v{version} is production"
+        self.progress.done("register", time.perf_counter() - start, f"{name} v{version} is production"
                            + (f" (previous: v{previous})" if previous else ""))
 
     def _log_report(self, report: ReleaseReport) -> None:
