@@ -193,7 +193,9 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(("precision", "tolerance"), [("fp32", 1e-5), ("fp16", 1e-2), ("int8", 5e-2)])
+@pytest.mark.parametrize(
+    ("precision", "tolerance"), [("fp32", 1e-5), ("fp16", 1e-2), ("int8", 5e-2), ("int4", 5e-2)]
+)
 def test_torch_exporter_for_other_architectures(
     tmp_path: Path, tiny_bert: Path, precision: str, tolerance: float
 ) -> None:
@@ -215,6 +217,9 @@ def test_torch_exporter_for_other_architectures(
     assert float(np.abs(got - expected).max()) < tolerance
     if precision != "fp32":
         assert result.files["model.onnx.data"] < 0.75 * (tiny_bert / "model.safetensors").stat().st_size
+    if precision == "int4":
+        graph = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False).graph
+        assert any(n.op_type == "MatMulNBits" for n in graph.node)
 
 
 def test_torch_exporter_refuses_genai_for_unsupported_architecture(tmp_path: Path, tiny_bert: Path) -> None:
