@@ -1,8 +1,15 @@
 """Validate: quality of a converted candidate against the fp32 reference on the same prompts.
 
-Logit metrics are teacher-forced on the training tokenizer's ids (what the model was trained on), run
-through model.onnx directly; greedy agreement goes through onnxruntime-genai with each folder's own
-served tokenizer (what production will do). Validation never raises to block a release: a failing
+Each prompt is tokenized with the training tokenizer and extended by the reference's greedy
+continuation (max_new_tokens). On that sequence, teacher-forced through model.onnx directly:
+- top1_agreement, mean_kl (KL(reference || candidate), float64): over every position;
+- perplexity_*: over the continuation tokens, i.e. how well the candidate predicts what the reference
+  would serve. Prompt tokens are a poor basis: fine-tuning usually masks them out of the loss, so the
+  model never learned to predict them (the tiny example's prompt perplexity is worse than uniform and
+  swings with any quantization noise). Their perplexity is still reported, as prompt_perplexity_*,
+  without a threshold.
+greedy_agreement compares the reference continuation with the candidate's own greedy generation through
+onnxruntime-genai and its served tokenizer (what production will do). Validation never raises to block a release: a failing
 candidate returns passed=False with failures naming metric, value and threshold; bad input (a missing
 or malformed prompts file, a missing folder) is an InputError.
 """
@@ -115,6 +122,7 @@ def validate(
         raise InputError(f"{training_tokenizer}: training tokenizer not found", hint="pass the checkpoint's tokenizer.json")
     token_ids = [list(Tokenizer.from_file(str(training_tokenizer)).encode(p).ids) for p in prompts]
     reference = GenaiModel.load(reference_dir)
+    continuations = [reference.generate_ids(ids, thresholds.max_new_tokens) for ids in token_ids]
     # The candidate's genai_config.json is checked up front: a folder that is not a model is bad input,
     # while a model that fails to load or run is evidence against the candidate.
     read_genai_config(candidate_dir)
@@ -122,8 +130,8 @@ def validate(
     try:
         candidate = GenaiModel.load(candidate_dir)
         parity = compare_tokenizers(candidate.encode, training_tokenizer, [*prompts, *EDGE_STRINGS])
-        metrics = logit_metrics(reference, candidate, token_ids)
-        greedy, samples = greedy_metrics(reference, candidate, prompts, thresholds.max_new_tokens)
+        metrics = logit_metrics(reference, candidate, token_ids, continuations)
+        greedy, samples = greedy_metrics(candidate, prompts, continuations, thresholds.max_new_tokens)
         metrics.update(greedy)
     except ReleaseError:
         raise
@@ -145,43 +153,56 @@ def validate(
         tokenizer_parity=parity,
         passed=not failures,
         failures=failures,
-        details={"prompts": len(prompts), "positions": sum(len(t) for t in token_ids), "greedy_samples": samples},
+        details={
+            "prompts": len(prompts),
+            "positions": sum(len(t) + len(c) for t, c in zip(token_ids, continuations, strict=True)),
+            "greedy_samples": samples,
+        },
     )
 
 
-def logit_metrics(reference: GenaiModel, candidate: GenaiModel, token_ids: list[list[int]]) -> dict[str, float]:
-    """top1_agreement, mean_kl and perplexities, pooled over every position of every prompt."""
-    agree, kls, nll_ref, nll_cand = [], [], [], []
-    for ids in token_ids:
-        log_ref = log_softmax(reference.logits(ids).astype(np.float64))
-        log_cand = log_softmax(candidate.logits(ids).astype(np.float64))
+def logit_metrics(
+    reference: GenaiModel, candidate: GenaiModel, token_ids: list[list[int]], continuations: list[list[int]]
+) -> dict[str, float]:
+    """top1_agreement and mean_kl over all positions; perplexities on continuation and prompt tokens."""
+    agree, kls = [], []
+    nll: dict[str, list[np.ndarray]] = {"ref": [], "cand": [], "prompt_ref": [], "prompt_cand": []}
+    for ids, continuation in zip(token_ids, continuations, strict=True):
+        sequence = ids + continuation
+        log_ref = log_softmax(reference.logits(sequence).astype(np.float64))
+        log_cand = log_softmax(candidate.logits(sequence).astype(np.float64))
         agree.append(log_ref.argmax(-1) == log_cand.argmax(-1))
         kls.append((np.exp(log_ref) * (log_ref - log_cand)).sum(-1))
-        if len(ids) > 1:
-            targets = np.asarray(ids[1:])
-            positions = np.arange(len(ids) - 1)
-            nll_ref.append(-log_ref[positions, targets])
-            nll_cand.append(-log_cand[positions, targets])
-    ppl_ref = perplexity(nll_ref)
-    ppl_cand = perplexity(nll_cand)
+        # Position i predicts token i + 1.
+        split = len(ids) - 1
+        targets = np.asarray(sequence[1:])
+        positions = np.arange(len(sequence) - 1)
+        for key, logp in (("ref", log_ref), ("cand", log_cand)):
+            token_nll = -logp[positions, targets]
+            nll[key].append(token_nll[split:])
+            nll[f"prompt_{key}"].append(token_nll[:split])
+    ppl_ref, ppl_cand = perplexity(nll["ref"]), perplexity(nll["cand"])
+    prompt_ref, prompt_cand = perplexity(nll["prompt_ref"]), perplexity(nll["prompt_cand"])
     return {
         "top1_agreement": float(np.concatenate(agree).mean()),
         "mean_kl": float(np.concatenate(kls).mean()),
         "perplexity_reference": ppl_ref,
         "perplexity_candidate": ppl_cand,
         "perplexity_increase": ppl_cand / ppl_ref - 1.0,
+        "prompt_perplexity_reference": prompt_ref,
+        "prompt_perplexity_candidate": prompt_cand,
+        "prompt_perplexity_increase": prompt_cand / prompt_ref - 1.0,
     }
 
 
 def greedy_metrics(
-    reference: GenaiModel, candidate: GenaiModel, prompts: list[str], max_new_tokens: int
+    candidate: GenaiModel, prompts: list[str], continuations: list[list[int]], max_new_tokens: int
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Share of prompts with identical greedy outputs, and the mean matched-prefix share."""
+    """Share of prompts whose greedy output equals the reference's, and the mean matched-prefix share."""
     identical = 0
     prefix_shares: list[float] = []
     samples: list[dict[str, Any]] = []
-    for prompt in prompts:
-        ref = reference.generate(prompt, max_new_tokens).token_ids
+    for prompt, ref in zip(prompts, continuations, strict=True):
         cand = candidate.generate(prompt, max_new_tokens).token_ids
         identical += ref == cand
         matched = next((i for i, (a, b) in enumerate(zip(ref, cand)) if a != b), min(len(ref), len(cand)))
@@ -221,6 +242,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def perplexity(nlls: list[np.ndarray]) -> float:
-    if not nlls:
+    tokens = np.concatenate(nlls) if nlls else np.zeros(0)
+    if tokens.size == 0:
         return float("nan")
-    return math.exp(float(np.concatenate(nlls).mean()))
+    return math.exp(float(tokens.mean()))
