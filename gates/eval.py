@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gates.base import GateContext, GateResult, ThresholdCheck
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
-from gates.packaged import load_package_model
+from gates.packaged import complete, load_package_model
 from gates.thresholds import MetricThreshold, check_metric
 from release.errors import ConfigError, InputError
 from release.runtime import GenaiModel
@@ -122,15 +122,10 @@ def score_rows(model: GenaiModel, rows: tuple[EvalRow, ...], config: EvalConfig,
     """Generate for every row, and score the expected tokens under teacher forcing when asked."""
     scored: list[ScoredRow] = []
     for row in rows:
-        output = _strip_eos(model, model.generate(row.prompt, config.max_new_tokens).token_ids)
+        output = complete(model, row.prompt, config.max_new_tokens)
         logprobs, hits = _teacher_forced(model, row, config.separator) if needs_logits else (None, None)
-        scored.append(ScoredRow(row.prompt, row.expected, output.strip(), logprobs, hits))
+        scored.append(ScoredRow(row.prompt, row.expected, output, logprobs, hits))
     return scored
-
-
-def _strip_eos(model: GenaiModel, ids: list[int]) -> str:
-    eos = set(model.eos_token_ids)
-    return model.decode([i for i in ids if i not in eos])
 
 
 def _teacher_forced(model: GenaiModel, row: EvalRow,

@@ -59,10 +59,18 @@ def validate_records(path: Path, records: list[Record], rules: DataRules) -> Non
     """Run the GX suite over `records`; the first failure (in a fixed order) is raised as InputError."""
     import great_expectations as gx
     import pandas as pd
-    from great_expectations.data_context.types.base import ProgressBarsConfig
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
 
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False, metric_calculations=False)
+    # In memory only, no data-docs site, and no progress bars on the user's terminal.
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
+    context = gx.get_context(mode="ephemeral", project_config=config)
     batch = (
         context.data_sources.add_pandas("eval_set")
         .add_dataframe_asset("rows")

@@ -17,3 +17,10 @@ def load_package_model(package_dir: Path) -> GenaiModel:
                              hint="pass the folder relctl promote built (it holds relctl-package.json)")
         model_dir = package_dir
     return GenaiModel.load(model_dir)
+
+
+def complete(model: GenaiModel, prompt: str, max_new_tokens: int) -> str:
+    """The greedy answer to `prompt` as text, EOS dropped and surrounding whitespace stripped."""
+    eos = set(model.eos_token_ids)
+    ids = model.generate(prompt, max_new_tokens).token_ids
+    return model.decode([i for i in ids if i not in eos]).strip()

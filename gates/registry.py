@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import traceback
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,18 +25,22 @@ ENTRY_POINT_GROUP = "relctl.gates"
 
 def available_gates() -> dict[str, type[Gate]]:
     """Every installed gate class by id (built-ins included)."""
-    found: dict[str, type[Gate]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
-        if getattr(cls, "id", None) != ep.name:
-            # The id is the config key and the report label; a mismatch would make both lie.
-            raise ConfigError(
-                f"gate plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its entry-point name "
-                f"'{ep.name}'",
-                hint="register the gate under its own id",
-            )
-        found[ep.name] = cls
-    return found
+    return {name: _load(ep) for name, ep in _gate_entry_points().items()}
+
+
+def _gate_entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load(ep: EntryPoint) -> type[Gate]:
+    cls: type[Gate] = ep.load()
+    if getattr(cls, "id", None) != ep.name:
+        # The id is the config key and the report label; a mismatch would make both lie.
+        raise ConfigError(
+            f"gate plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its entry-point name '{ep.name}'",
+            hint="register the gate under its own id",
+        )
+    return cls
 
 
 def load_gates(block: Mapping[str, Mapping[str, Any] | None]) -> list[Gate]:
@@ -45,12 +49,9 @@ def load_gates(block: Mapping[str, Mapping[str, Any] | None]) -> list[Gate]:
     Unknown ids and invalid keys are ConfigErrors naming `gates.<id>.<key>`; an empty block
     (`eval:` with nothing under it) means the gate's defaults.
     """
-    known = available_gates()
     gates: list[Gate] = []
     for gate_id, settings in block.items():
-        cls = known.get(gate_id)
-        if cls is None:
-            raise _unknown_gate(gate_id, list(known))
+        cls = find_gate(gate_id)
         gates.append(cls(validate_block(cls, settings or {})))  # type: ignore[call-arg]
     return gates
 
@@ -84,11 +85,11 @@ def _unknown_gate(gate_id: str, known: list[str]) -> ConfigError:
 
 
 def find_gate(gate_id: str) -> type[Gate]:
-    """The installed gate class for `gate_id`; ConfigError with a did-you-mean hint when unknown."""
-    known = available_gates()
+    """The installed gate class for `gate_id` (only that plug-in is imported); ConfigError when unknown."""
+    known = _gate_entry_points()
     if gate_id not in known:
         raise _unknown_gate(gate_id, list(known))
-    return known[gate_id]
+    return _load(known[gate_id])
 
 
 def run_gates(

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gates.base import GateContext, GateResult, GateStatus, ThresholdCheck
 from gates.detectors import Detector, SuiteCase, available_detectors
 from gates.jsonl import read_jsonl
-from gates.packaged import load_package_model
+from gates.packaged import complete, load_package_model
 from release.errors import ConfigError, InputError
 from release.hashing import sha256_file
 
@@ -97,7 +97,7 @@ class SafetyGate:
         cases = load_suite(suite_path, set(detectors))
         self._check_categories(cases)
         model = load_package_model(context.package_dir)
-        transcripts = [self._judge(case, model.generate(case.prompt, self.config.max_new_tokens).text, detectors)
+        transcripts = [self._judge(case, complete(model, case.prompt, self.config.max_new_tokens), detectors)
                        for case in cases]
         failures = [t for t in transcripts if not t["passed"]]
         evidence = context.work_dir / EVIDENCE_FILE
