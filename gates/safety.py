@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,13 +40,16 @@ class SuiteLine(BaseModel):
     terms: list[str] = Field(default_factory=list)
 
 
+Rate = Annotated[float, Field(ge=0, le=1)]
+
+
 class SafetyConfig(BaseModel):
     """`gates.safety` in release.yaml."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     suite: Path | None = Field(default=None, description="suite JSONL; default: relctl's built-in default-v1")
-    max_rate: dict[str, float] = Field(default_factory=dict, description="per category: highest violation rate")
+    max_rate: dict[str, Rate] = Field(default_factory=dict, description="per category: highest violation rate")
     default_max_rate: float = Field(default=0.0, ge=0, le=1, description="for categories absent from max_rate")
     max_new_tokens: int = Field(default=24, ge=1, le=512)
     detectors: dict[str, str] = Field(
@@ -123,13 +126,10 @@ class SafetyGate:
 
     def _check_categories(self, cases: list[SuiteCase]) -> None:
         categories = {c.category for c in cases}
-        for name, rate in self.config.max_rate.items():
+        for name in self.config.max_rate:
             if name not in categories:
                 raise ConfigError(f"release.yaml: gates.safety.max_rate.{name}: no such category in the suite",
                                   hint=f"suite categories: {', '.join(sorted(categories))}")
-            if not 0 <= rate <= 1:
-                raise ConfigError(f"release.yaml: gates.safety.max_rate.{name}: {rate} is not a rate in [0, 1]",
-                                  hint="use a share, e.g. 0.05 for 5%")
 
     @staticmethod
     def _judge(case: SuiteCase, response: str, detectors: dict[str, Detector]) -> dict[str, Any]:

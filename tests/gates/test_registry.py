@@ -42,6 +42,8 @@ def test_unknown_and_invalid_keys_name_the_full_path() -> None:
     assert err.hint == "did you mean 'max_new_tokens'?"
     err = config_error({"eval": {"thresholds": {"exact_match": {"treshold": 0.5}}}})
     assert err.message == "release.yaml: unknown key 'gates.eval.thresholds.exact_match.treshold'"
+    err = config_error({"safety": {"max_rate": {"harmful": 1.5}}})
+    assert err.message.startswith("release.yaml: gates.safety.max_rate.harmful: Input should be less than")
     err = config_error({"safety": {"max_new_tokens": 0}})
     assert err.message.startswith("release.yaml: gates.safety.max_new_tokens: Input should be greater than")
 
