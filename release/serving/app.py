@@ -148,8 +148,7 @@ async def answer(state: ServerState, request: Request, chat: bool) -> Response:
         return JSONResponse(late.body(), status_code=504)
     run = Run(state, prepared, arrived)
     if prepared.stream:
-        return StreamingResponse(run.stream(first, events), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return RunStream(run, first, events)
     return await run.whole(first, events)
 
 
@@ -189,10 +188,33 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
     return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params)
 
 
+class RunStream(StreamingResponse):
+    """The SSE response of one run. However the response ends (finished, client gone before or during
+    the stream, shutdown) the generation is stopped and the admission slot is given back exactly once."""
+
+    def __init__(self, run: Run, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> None:
+        self.run = run
+        self.events = events
+        super().__init__(run.stream(first, events), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
+            if not self.run.done:
+                await self.events.aclose()
+                self.run.finish(None, "499")
+
+
 class Run:
     """One admitted request: turns engine events into a response, then records metrics and the log line."""
 
     def __init__(self, state: ServerState, prepared: Prepared, arrived: float) -> None:
+        self.done = False
         self.state = state
         self.p = prepared
         self.arrived = arrived
@@ -250,6 +272,9 @@ class Run:
         self.pieces.append(piece)
 
     def finish(self, finished: Finished | None, code: str) -> None:
+        if self.done:
+            return
+        self.done = True
         state, now = self.state, time.monotonic()
         state.engine.release()
         m = state.metrics

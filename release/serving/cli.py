@@ -120,7 +120,7 @@ def bench_command(url: str, others: tuple[str, ...], arrival: str, rate: float |
         rates = [float(r) for r in sweep_rates.split(",")] if sweep_rates else None
     except ValueError as exc:
         raise InputError(f"--sweep-rates {sweep_rates}: not a list of numbers", hint="e.g. 1,2,4,8") from exc
-    traffic = Traffic(arrival=arrival, rate=rate, burstiness=burstiness, requests=count,  # type: ignore[arg-type]
+    traffic = Traffic(arrival=arrival, rate=rate, burstiness=burstiness, requests=count,
                       trace=str(trace) if trace else None, dataset=str(dataset) if dataset else None,
                       output_tokens=output_tokens, seed=seed, warmup=warmup)
     report = bench([url, *others], traffic=traffic, slos=_parse_slos(slo_pairs), out_dir=out_dir,

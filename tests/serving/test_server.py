@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -145,3 +146,15 @@ def test_request_timeout_answers_504_and_server_recovers(tiny_package: Path, tmp
         assert httpx.get(f"{proc.url}/health").json()["in_flight"] == 0
         quick = httpx.post(f"{proc.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
         assert quick.status_code == 200
+
+
+def test_client_leaving_mid_stream_frees_its_slot(server: ServerProcess) -> None:
+    body = {"prompt": "alpha", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as resp:
+        assert next(line for line in resp.iter_lines() if line.startswith("data: "))
+    # The connection is closed with the stream unfinished: generation stops and the slot comes back.
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server.url}/health").json()["in_flight"]:
+        assert time.monotonic() < deadline, "slot of a disconnected stream never came back"
+        time.sleep(0.02)
+    assert 'relctl_requests_total{code="499",endpoint="completions"}' in httpx.get(f"{server.url}/metrics").text
