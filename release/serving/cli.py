@@ -6,12 +6,52 @@ No logic here: parse options, call release.serving.api, print.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from release.errors import EXIT_INTERRUPTED, ReleaseError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _relctl_ctx() -> Any:
+    """The relctl group's context object when these commands run under `relctl`, else None."""
+    from release.cli_support import Ctx
+
+    return click.get_current_context().find_object(Ctx)
+
+
+def _handled(fn: F) -> F:
+    """Under `relctl`, failures become relctl's one error line and exit code (release.cli_support);
+    standalone (`python -m release.serving`), main() below does the same."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except (ReleaseError, KeyboardInterrupt, Exception) as exc:
+            ctx = _relctl_ctx()
+            if ctx is None:
+                raise
+            from release.cli_support import _fail
+
+            _fail(ctx, exc)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _project_dir(option: Path | None) -> Path:
+    """--project-dir, else the relctl group's project folder, else the current directory."""
+    if option is not None:
+        return option.resolve()
+    ctx = _relctl_ctx()
+    return Path(ctx.project_dir if ctx is not None else ".").resolve()
 
 
 @click.command("serve")
@@ -21,11 +61,12 @@ from release.errors import EXIT_INTERRUPTED, ReleaseError
               help="port to listen on (0: any free port)")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="release.yaml whose serving.server block replaces the package's server settings")
-@click.option("--project-dir", type=click.Path(file_okay=False, path_type=Path), default=".",
-              show_default=True, help="project folder: MLflow store, package cache and request logs")
+@click.option("--project-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="project folder: MLflow store, package cache and request logs [default: relctl's, else .]")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write {url, pid, model, load_time_s} as JSON here once listening")
-def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path,
+@_handled
+def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
                   ready_file: Path | None) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics. Ctrl-C or SIGTERM drains in-flight requests."""
@@ -35,7 +76,7 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
         click.echo(f"serving {info['model']} (serving config {info['serving_config']}) at {info['url']}; "
                    f"model loaded in {info['load_time_s']:.2f}s", err=True)
 
-    serve(spec, host=host, port=port, project_dir=project_dir.resolve(), config_path=config_path,
+    serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
           ready_file=ready_file, on_ready=announce)
 
 
@@ -95,6 +136,7 @@ def _parse_slos(pairs: tuple[str, ...]) -> Any:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("relctl-bench"),
               show_default=True, help="folder for records-*.jsonl, summary.json and plots")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+@_handled
 def bench_command(url: str, others: tuple[str, ...], arrival: str, rate: float | None, burstiness: float,
                   count: int, duration: float | None, trace: Path | None, dataset: Path | None,
                   output_tokens: int, endpoint: str, model: str | None, max_concurrency: int | None,
