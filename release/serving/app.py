@@ -144,7 +144,7 @@ async def answer(state: ServerState, request: Request, chat: bool) -> Response:
         engine.release()
         state.metrics.rejected.labels("timeout").inc()
         state.metrics.requests.labels(endpoint, "504").inc()
-        late = RequestProblem("request", "timed out waiting for a worker", status=504)
+        late = RequestProblem("request", "timed out before the first token (queue wait + prefill)", status=504)
         return JSONResponse(late.body(), status_code=504)
     run = Run(state, prepared, arrived)
     if prepared.stream:
@@ -172,7 +172,8 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
     else:
         assert isinstance(req, CompletionRequest)
         field, prompt = "prompt", completion_prompt(req)
-    # Cheap bound before tokenizing: no tokenizer yields fewer than one token per 32 characters.
+    # Refused before tokenizing, which would block the event loop on a huge string: real text averages
+    # about 4 characters per token, so 32 per allowed token only stops abuse.
     if len(prompt) > 32 * settings.max_prompt_tokens:
         raise RequestProblem(field, f"longer than this server's limit of {settings.max_prompt_tokens} tokens")
     ids = engine.encode(prompt)
