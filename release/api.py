@@ -29,15 +29,19 @@ def promote(
     overrides: dict[str, Any] | None = None,
     dry_run: bool = False,
     progress: Progress | None = None,
+    summary_path: Path | None = None,
 ) -> ReleaseReport:
-    """Promote training run `run_id`; raises Blocked (exit 1) when validation or a gate refuses it."""
+    """Promote training run `run_id`; raises Blocked (exit 1) when validation or a gate refuses it.
+
+    With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
+    """
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
     store = resolve_store(project_dir)
     connect(store)
     promotion = Promotion(cfg, store, project_dir, config_path, progress or Progress(quiet=True))
-    return promotion.run(run_id, dry_run=dry_run)
+    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path)
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None) -> AliasMove:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +13,7 @@ from release import __version__
 from release.cli_support import Ctx, emit, handled, json_option
 from release.progress import Progress
 
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relctl")
 @click.option("--project-dir", type=click.Path(file_okay=False, path_type=Path), default=".",
@@ -23,9 +23,6 @@ from release.progress import Progress
 @click.pass_context
 def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet: bool) -> None:
     """Turn an MLflow training run into a gated, rollback-able ONNX serving version."""
-    # MLflow's download bars and table-creation INFO lines drown relctl's one line per stage.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
     click_ctx.obj = Ctx(project_dir.resolve(), show_traceback, quiet)
 
 
@@ -37,11 +34,13 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
               help="Override convert.precision.")
 @click.option("--model", "model_name", help="Override the registered model name.")
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
+@click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Append a markdown summary to this file, e.g. \"$GITHUB_STEP_SUMMARY\" (also when blocked).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release import api
 
@@ -52,7 +51,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
     if model_name:
         overrides["model"] = model_name
     progress = Progress(quiet=ctx.quiet)
-    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress)
+    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path)
     emit(report.to_dict(), as_json,
           lambda: click.echo(f"{report.model} v{report.version} is production" if report.version
                              else f"{report.model}: {report.outcome} (nothing registered)"))
@@ -118,9 +117,14 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
 
 def _attach_commands() -> None:
     """Stage commands, serving and gates live beside their code; the group only lists them."""
+    # Before mlflow is first imported: its INFO lines (table creation, downloads) drown relctl's own.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from gates.cli import gate
+    from release.serving.cli import bench_command, serve_command
     from release.stage_commands import STAGE_COMMANDS
 
-    for command in STAGE_COMMANDS:
+    for command in [*STAGE_COMMANDS, gate, serve_command, bench_command]:
         cli.add_command(command)
 
 

@@ -6,7 +6,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,7 +43,7 @@ def _fail(ctx: Ctx, exc: BaseException) -> None:
         sys.exit(EXIT_INTERRUPTED)
     log_dir = ctx.project_dir / ".relctl" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"relctl-{datetime.now(timezone.utc):%Y%m%dT%H%M%S}.log"
+    log = log_dir / f"relctl-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
     log.write_text("".join(traceback.format_exception(exc)))
     click.echo(f"error: unexpected {type(exc).__name__}: {exc}".splitlines()[0], err=True)
     click.echo(f"hint: this is a relctl bug; the traceback is in {log} (or rerun with --traceback)", err=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ def production_ref(registry: Registry, name: str, dest: Path) -> ProductionRef |
 def run_configured_gates(
     registry: Registry, gates: list[Any], name: str, package: PackageManifest, intake: StageOutcome,
     work: Path, progress: Progress,
-) -> list[dict[str, Any]]:
+) -> tuple[list[GateResult], ProductionRef | None]:
+    """Every configured gate's result (in release.yaml order) and the production they compared with."""
     from gates.registry import run_gates
 
     production = production_ref(registry, name, work / "production")
@@ -42,13 +43,15 @@ def run_configured_gates(
         return GateContext(model_name=name, package_dir=package.root, work_dir=gate_dir,
                            production=production, eval_dataset=eval_data)
 
-    results: list[GateResult] = run_gates(gates, context_for)
-    out = []
-    for result in results:
-        progress.done(f"gate:{result.gate}", 0.0, f"{result.status}: {result.reason}")
+    results: list[GateResult] = []
+    for gate in gates:
+        start = time.perf_counter()
+        with progress.stage(f"gate {gate.id}"):
+            (result,) = run_gates([gate], context_for)
+        progress.done(f"gate {result.gate}", time.perf_counter() - start, f"{result.status}: {result.reason}")
         _log_result(result)
-        out.append(_to_dict(result))
-    return out
+        results.append(result)
+    return results, production
 
 
 def _log_result(result: GateResult) -> None:
@@ -60,8 +63,3 @@ def _log_result(result: GateResult) -> None:
         if path.is_file():
             mlflow.log_artifact(str(path), f"gates/{result.gate}")
 
-
-def _to_dict(result: GateResult) -> dict[str, Any]:
-    data = asdict(result)
-    data["evidence"] = [str(p) for p in result.evidence]
-    return data

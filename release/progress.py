@@ -29,11 +29,11 @@ class Progress:
             return
         mark = "[dim]↺[/dim]" if skipped else "[green]✓[/green]"
         note = " (resumed)" if skipped else ""
-        self.console.print(f"{mark} {name:<9} {seconds:6.1f}s  {summary}{note}")
+        self.console.print(f"{mark} {name:<12} {seconds:6.1f}s  {summary}{note}")
 
     def failed(self, name: str, summary: str) -> None:
         if not self.quiet:
-            self.console.print(f"[red]✗[/red] {name:<9}         {summary}")
+            self.console.print(f"[red]✗[/red] {name:<12}         {summary}")
 
     def info(self, text: str) -> None:
         if not self.quiet:

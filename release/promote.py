@@ -21,7 +21,7 @@ from release.lineage import repo_state
 from release.pipeline import Pipeline, StageOutcome
 from release.progress import Progress
 from release.registry import PREVIOUS, Registry
-from release.report import ReleaseReport, model_card
+from release.report import ReleaseReport, model_card, summary_markdown
 from release.stages import register as reg
 from release.stages.intake import run_intake
 from release.stages.package import MANIFEST, PackageManifest, build_package
@@ -39,8 +39,18 @@ class Promotion:
         self.project_dir = project_dir
         self.config_path = config_path
         self.progress = progress
+        self.gate_results: list[Any] = []
+        self.gates_markdown: str | None = None
 
-    def run(self, run_id: str, dry_run: bool) -> ReleaseReport:
+    def card(self, report: ReleaseReport) -> str:
+        """The model card: lineage, validation, memory, then the gate table and a link to the HTML report."""
+        sections = []
+        if self.gates_markdown:
+            link = f"release run `{report.release_run}`, artifact `report/report.html`"
+            sections = [self.gates_markdown.replace("### relctl gates", "## Gates"), f"Full gate report: {link}."]
+        return model_card(report, sections)
+
+    def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         from gates.registry import load_gates  # gates validate their config blocks before any work
 
         gates = load_gates(self.cfg.gates)
@@ -65,6 +75,9 @@ class Promotion:
                 raise
             finally:
                 self._log_report(report)
+                if summary_path is not None:
+                    with summary_path.open("a") as fh:
+                        fh.write(summary_markdown(report, self.gates_markdown))
         return report
 
     # ------------------------------------------------------------------------------------------
@@ -134,7 +147,7 @@ class Promotion:
 
     def _validate(self, pipe: Pipeline, intake: StageOutcome, reference: StageOutcome, candidate: StageOutcome,
                   model_dir: Path) -> StageOutcome:
-        from release.memory import estimate_memory
+        from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
         from release.stages.validate import load_prompts, validate
 
         vcfg = self.cfg.validation
@@ -150,10 +163,10 @@ class Promotion:
             result = validate(reference.path("model"), candidate.path("model"), prompts,
                               model_dir / "tokenizer.json", vcfg)
             (d / "validation.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-            weights = sum(p.stat().st_size for p in candidate.path("model").glob("model.onnx*"))
+            runtime = candidate.path("model")
             config = json.loads((model_dir / "config.json").read_text())
-            kv_bytes = 2 if self.cfg.convert.precision in ("fp16",) else 4
-            memory = estimate_memory(config, weights, self.cfg.serving, kv_dtype_bytes=kv_bytes)
+            memory = estimate_memory(config, folder_weights_bytes(runtime), self.cfg.serving,
+                                     kv_dtype_bytes=folder_kv_dtype_bytes(runtime))
             return {"validation": result.to_dict(), "memory": memory.to_dict(), "report": "validation.json"}
 
         inputs = {"reference": reference.fingerprint, "candidate": candidate.fingerprint,
@@ -184,11 +197,14 @@ class Promotion:
                    report: ReleaseReport, work: Path) -> None:
         if not gates:
             return
+        from gates.report import render_markdown, result_to_dict
         from release.gating import run_configured_gates
 
-        results = run_configured_gates(self.registry, gates, name, package, intake, work, self.progress)
-        report.gates = results
-        failed = [r for r in results if r["status"] == "fail"]
+        results, production = run_configured_gates(self.registry, gates, name, package, intake, work, self.progress)
+        report.gates = [result_to_dict(r) for r in results]
+        self.gate_results = results
+        self.gates_markdown = render_markdown(results, production.version if production else None)
+        failed = [r for r in report.gates if r["status"] == "fail"]
         if failed:
             report.block([f"gate {r['gate']}: {r['reason']}" for r in failed])
             raise Blocked(f"gate '{failed[0]['gate']}' failed: {failed[0]['reason']}",
@@ -211,12 +227,12 @@ class Promotion:
         tags = reg.version_tags(report.lineage, package, extra)
         report.outcome = "released"
         version = reg.register_version(self.registry, name, report.release_run, info.model_uri,
-                                       getattr(info, "model_id", None), tags, model_card(report))
+                                       getattr(info, "model_id", None), tags, self.card(report))
         report.version = version
         move = self.registry.promote(name, version, f"promoted from training run {report.training_run}",
                                      report.release_run)
         report.aliases = move.changes
-        self.registry.client.update_model_version(name, version, description=model_card(report))
+        self.registry.client.update_model_version(name, version, description=self.card(report))
         previous = move.changes.get(PREVIOUS, [None, None])[1]
         self.progress.done("register", time.perf_counter() - start, f"{name} v{version} is production"
                            + (f" (previous: v{previous})" if previous else ""))
@@ -225,7 +241,14 @@ class Promotion:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
-            (out / "model_card.md").write_text(model_card(report))
+            (out / "model_card.md").write_text(self.card(report))
+            (out / "summary.md").write_text(summary_markdown(report, self.gates_markdown))
+            if self.gate_results:
+                from gates.report import render_html
+
+                meta = {"model": report.model, "training run": report.training_run,
+                        "release run": str(report.release_run), "outcome": report.outcome}
+                (out / "report.html").write_text(render_html(self.gate_results, meta))
             mlflow.log_artifacts(str(out), "report")
         metrics = {f"validation.{k}": float(v) for k, v in (report.validation or {}).get("metrics", {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}

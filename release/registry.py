@@ -10,7 +10,7 @@ import getpass
 import json
 import secrets
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from mlflow.entities import Run
@@ -138,7 +138,7 @@ class Registry:
         """Point each alias at its version (None deletes it) and record the move in the history."""
         current = self.aliases(name)
         move = AliasMove(
-            at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            at=datetime.now(UTC).isoformat(timespec="milliseconds"),
             action=action,
             changes={alias: [current.get(alias), to] for alias, to in changes.items()},
             reason=reason,

@@ -82,3 +82,22 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
     if report.failures:
         lines += ["## Why it was blocked", *(f"- {f}" for f in report.failures), ""]
     return "\n".join(lines)
+
+
+def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
+    """A CI job summary: the outcome, validation against the reference, then the gate table."""
+    headline = {
+        "released": f"✅ **{report.model} v{report.version}** is production",
+        "blocked": f"❌ **{report.model}**: release blocked — nothing registered, production unchanged",
+        "dry-run": f"🧪 **{report.model}**: dry run passed — nothing registered",
+    }.get(report.outcome, f"⚠️ **{report.model}**: {report.outcome}")
+    lines = [f"## relctl promote `{report.training_run}`", "", headline, ""]
+    lines += [f"- {failure}" for failure in report.failures]
+    if report.validation:
+        lines += ["", f"### Validation ({report.precision} vs fp32 reference)", "",
+                  "| metric | value | bound | result |", "|---|---|---|---|"]
+        lines += [f"| {c['metric']} | {_fmt(c['value'])} | {c['op']} {_fmt(c['bound'])} | "
+                  f"{'pass' if c['passed'] else '**fail**'} |" for c in report.validation.get("checks", [])]
+    if gates_markdown:
+        lines += ["", gates_markdown]
+    return "\n".join(lines) + "\n"

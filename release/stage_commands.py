@@ -84,7 +84,8 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
     """Compare the CANDIDATE ONNX model with its fp32 REFERENCE; exit 1 when a threshold fails."""
     from release.config import load_config
     from release.errors import Blocked
-    from release.stages.validate import load_prompts, validate as run_validate
+    from release.stages.validate import load_prompts
+    from release.stages.validate import validate as run_validate
 
     cfg = load_config(config_path)
     result = run_validate(reference, candidate, load_prompts(prompts), tokenizer or reference / "tokenizer.json",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,8 +31,11 @@ MODEL = "tiny-llm"
 pytestmark = pytest.mark.slow
 
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-llm"
+
+
 def load_train_module() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "examples" / "tiny-llm" / "train.py"
+    path = EXAMPLE / "train.py"
     spec = importlib.util.spec_from_file_location("tiny_llm_train", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -48,6 +52,8 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Modu
     """Two real training runs of the example, both promoted in order, in one fresh project."""
     train_module = load_train_module()
     project = tmp_path_factory.mktemp("story")
+    # The example's own release.yaml: int4, validation thresholds, eval and safety gates.
+    shutil.copy(EXAMPLE / "release.yaml", project / "release.yaml")
     run1 = train_module.log_run(tiny_run, project, experiment=MODEL)
     first = relctl(project, "promote", run1, "--json")
     second_result = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("run2"), replace(tiny_run.config, seed=1))
@@ -74,6 +80,11 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert mv.tags["relctl.package_uri"].endswith("/package")
     assert mv.description.startswith(f"# {MODEL} — int4 ONNX")
     assert "top1_agreement" in mv.description
+    # Gates ran before registration and are summarized on the version.
+    assert [(g["gate"], g["status"]) for g in report["gates"]] == [("eval", "pass"), ("safety", "pass")]
+    assert mv.tags["gate.eval.status"] == "pass" and mv.tags["gate.safety.status"] == "pass"
+    assert float(mv.tags["gate.eval.exact_match"]) >= 0.8
+    assert "## Gates" in mv.description and "report/report.html" in mv.description
 
 
 def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> None:
@@ -96,6 +107,54 @@ def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     assert moves[0]["release_run"] and moves[1]["release_run"] != moves[0]["release_run"]
     status = json.loads(relctl(project, "status", MODEL, "--json").stdout)
     assert status["aliases"]["production"]["training_run"] == story["runs"][0]
+
+
+def test_undertrained_candidate_fails_eval_and_production_is_untouched(
+        story: dict[str, Any], tiny_run: Any, tinyllm: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> None:
+    project = story["project"]
+    registry = Registry(resolve_store(project))
+    before = registry.aliases(MODEL)
+    production_em = float(registry.get_version(MODEL, before["production"]).tags["gate.eval.exact_match"])
+    short = replace(tiny_run.config, base_steps=40, lora_steps=10)
+    undertrained = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("undertrained"), short)
+    run_id = load_train_module().log_run(undertrained, project, experiment=MODEL)
+    summary = tmp_path_factory.mktemp("ci") / "summary.md"
+    # fp32, so validation against the reference passes and the eval gate is what judges the model.
+    result = relctl(project, "promote", run_id, "--precision", "fp32", "--json", "--summary", str(summary))
+    assert result.exit_code == 1, result.output + result.stderr
+    error = result.stderr.strip().splitlines()[-2]
+    assert error.startswith("error: gate 'eval' failed: ") and "exact_match" in error
+    report = json.loads(result.stdout)
+    eval_result = next(g for g in report["gates"] if g["gate"] == "eval")
+    check = next(c for c in eval_result["thresholds"] if c["metric"] == "exact_match" and c["kind"] == "absolute")
+    assert check["passed"] is False and check["bound"] == 0.8 and check["value"] < 0.5
+    assert check["production"] == pytest.approx(production_em)
+    assert registry.aliases(MODEL) == before
+    text = summary.read_text()
+    assert "release blocked" in text and "exact_match" in text and f"production is version {before['production']}" in text
+    html = registry.client.download_artifacts(report["release_run"], "report/report.html")
+    assert "exact_match" in Path(html).read_text()
+
+
+def test_unknown_gate_id_is_bad_input_before_any_work(story: dict[str, Any], tmp_path: Path) -> None:
+    config = tmp_path / "release.yaml"
+    config.write_text("gates:\n  evl: {}\n")
+    result = relctl(story["project"], "promote", story["runs"][1], "--config", str(config))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == ["error: release.yaml: unknown gate 'gates.evl'", "hint: did you mean 'eval'?"]
+
+
+def test_malformed_eval_file_is_bad_input(story: dict[str, Any], tmp_path: Path) -> None:
+    registry = Registry(resolve_store(story["project"]))
+    before = (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"prompt": "reverse a b c d ->", "expected": "d c b a"}\n{"prompt": oops}\n')
+    config = tmp_path / "release.yaml"
+    config.write_text(f"gates:\n  eval:\n    dataset: {data}\n")
+    result = relctl(story["project"], "promote", story["runs"][1], "--config", str(config))
+    assert result.exit_code == 2, result.output + result.stderr
+    assert "line 2" in result.stderr.strip().splitlines()[-2]
+    assert (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'"))) == before
 
 
 def test_strict_int4_is_blocked_and_production_untouched(story: dict[str, Any], tmp_path: Path) -> None:
