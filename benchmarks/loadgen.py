@@ -12,7 +12,7 @@ A third row per rate, the no-request floor, runs the same plan with nothing but 
 on a busy shared machine the OS alone makes some wake-ups late, and no client can be closer than that.
 Results: benchmarks/results/loadgen.json (with the load average: the machine may be shared).
 
-    python benchmarks/loadgen.py                       # rates 50..1600
+    python benchmarks/loadgen.py                       # rates 50..3200
     python benchmarks/loadgen.py --rates 100,200 --seconds 2
 """
 
@@ -164,7 +164,7 @@ def capacity(rows: list[dict[str, Any]], stat: str = "lag_p99_ms") -> float | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="50,100,200,400,800,1600")
+    parser.add_argument("--rates", default="50,100,200,400,800,1600,2400,3200")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
