@@ -16,11 +16,11 @@ import mlflow
 
 from release.config import ReleaseConfig
 from release.errors import Blocked, ReleaseError
-from release.hashing import sha256_file
+from release.hashing import sha256_file, sha256_json
 from release.lineage import repo_state
 from release.pipeline import Pipeline, StageOutcome
 from release.progress import Progress
-from release.registry import PREVIOUS, Registry
+from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.report import ReleaseReport, model_card, summary_markdown
 from release.stages import register as reg
 from release.stages.intake import run_intake
@@ -28,6 +28,7 @@ from release.stages.package import MANIFEST, PackageManifest, build_package
 from release.store import Store, ensure_experiment
 
 RELEASE_EXPERIMENT = "relctl-releases"
+CONTENT_TAG = "relctl.package_content_sha256"
 
 
 class Promotion:
@@ -190,6 +191,8 @@ class Promotion:
         manifest = PackageManifest(root=out.path("package"),
                                    data=json.loads((out.path("package") / MANIFEST).read_text()))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
+                          # What is served (every file but the manifest): equal content, equal release.
+                          "content_sha256": sha256_json(manifest.files),
                           "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files)}
         return manifest
 
@@ -213,10 +216,18 @@ class Promotion:
     def _register(self, name: str, package: PackageManifest, report: ReleaseReport) -> None:
         assert report.release_run is not None
         start = time.perf_counter()
+        current = self.registry.version_for(name, PRODUCTION) if self.registry.model_exists(name) else None
+        if current is not None and current.tags.get(CONTENT_TAG) == report.package["content_sha256"]:
+            # Promoting what already serves is a no-op, not a new version that replaces its own twin.
+            report.outcome, report.version = "unchanged", str(current.version)
+            self.progress.done("register", time.perf_counter() - start,
+                               f"{name} v{current.version} already serves this package; nothing moved")
+            return
         package_uri = reg.log_package(report.release_run, package)
         info = reg.log_onnx_model(package)
         extra = {"relctl.release_run_id": report.release_run, "relctl.package_uri": package_uri,
-                 "relctl.package_manifest_sha256": report.package["manifest_sha256"]}
+                 "relctl.package_manifest_sha256": report.package["manifest_sha256"],
+                 CONTENT_TAG: report.package["content_sha256"]}
         extra |= {f"validation.{k}": v for k, v in (report.validation or {}).get("metrics", {}).items()
                   if isinstance(v, (int, float))}
         for gate in report.gates:

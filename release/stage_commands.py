@@ -16,7 +16,8 @@ new_dir = click.Path(file_okay=False, path_type=Path)
 
 def _as_dict(result: Any) -> dict[str, Any]:
     data: dict[str, Any] = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
-    return json.loads(json.dumps(data, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain
 
 
 @click.command()

@@ -109,6 +109,22 @@ def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     assert status["aliases"]["production"]["training_run"] == story["runs"][0]
 
 
+def test_promoting_what_already_serves_is_a_no_op(story: dict[str, Any]) -> None:
+    project = story["project"]
+    registry = Registry(resolve_store(project))
+    before = (registry.aliases(MODEL), len(registry.history(MODEL)),
+              len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    assert before[0]["production"] == "1"  # after the rollback: run 1's package serves
+    result = relctl(project, "promote", story["runs"][0], "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    report = json.loads(result.stdout)
+    assert (report["outcome"], report["version"]) == ("unchanged", "1")
+    assert "already serves this package" in result.stderr
+    after = (registry.aliases(MODEL), len(registry.history(MODEL)),
+             len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    assert after == before
+
+
 def test_undertrained_candidate_fails_eval_and_production_is_untouched(
         story: dict[str, Any], tiny_run: Any, tinyllm: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> None:
     project = story["project"]
