@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from release.errors import InputError
+from release.runtime import open_tokenizer
 from release.serving.protocol import GenerationParams
 from release.serving.settings import ServerSettings
 
@@ -67,7 +68,8 @@ class Engine:
         self.context_length = int(runtime["model"]["context_length"])
         started = time.perf_counter()
         self.model = og.Model(str(model_dir))
-        self.tokenizer = og.Tokenizer(self.model)
+        # Like training: onnxruntime-genai leaves out BOS unless special tokens are switched on.
+        self.tokenizer = open_tokenizer(self.model)
         self.load_time_s = time.perf_counter() - started
         self.eos_ids = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         self.chat_template = read_chat_template(model_dir)

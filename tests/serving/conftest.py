@@ -11,8 +11,12 @@ from tests.serving.tinymodel import build_tiny_package
 
 @pytest.fixture(scope="session")
 def tiny_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A relctl package of a tiny random Llama (genai fp32), built once per session."""
-    return build_tiny_package(tmp_path_factory.mktemp("tiny-serving"))
+    """A relctl package of a small random Llama (genai fp32), built once per session.
+
+    Sized so a 1,000-token stream takes on the order of a second even on an idle machine: the
+    overload, timeout, disconnect and shutdown tests need requests that are still running when they act.
+    """
+    return build_tiny_package(tmp_path_factory.mktemp("tiny-serving"), hidden=256, layers=4)
 
 
 def write_server_config(path: Path, **server: object) -> Path:

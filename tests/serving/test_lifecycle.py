@@ -18,15 +18,22 @@ from release.serving.requestlog import RequestLog, redact
 from release.serving.settings import RequestLogPolicy
 from release.serving.source import PACKAGE_URI_TAG, resolve_package
 from tests.serving.conftest import write_server_config
+from tests.serving.tinymodel import build_tiny_package
 
 
-def test_sigterm_finishes_every_in_flight_stream(tiny_package: Path, tmp_path: Path) -> None:
-    config = write_server_config(tmp_path / "release.yaml", workers=1, queue_size=8, max_output_tokens=1500)
+@pytest.fixture(scope="module")
+def slow_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model big enough (~5 ms a token here) that a 400-token stream outlasts four clients connecting."""
+    return build_tiny_package(tmp_path_factory.mktemp("slow-serving"), hidden=512, layers=8, context=512)
+
+
+def test_sigterm_finishes_every_in_flight_stream(slow_package: Path, tmp_path: Path) -> None:
+    config = write_server_config(tmp_path / "release.yaml", workers=1, queue_size=8, max_output_tokens=400)
     results: dict[int, list[str]] = {}
     first_chunk = threading.Event()
 
     def stream(i: int, url: str) -> None:
-        body = {"prompt": "alpha beta", "max_tokens": 1500, "ignore_eos": True, "stream": True,
+        body = {"prompt": "alpha beta", "max_tokens": 400, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
         lines: list[str] = []
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
@@ -36,7 +43,7 @@ def test_sigterm_finishes_every_in_flight_stream(tiny_package: Path, tmp_path: P
                     first_chunk.set()
         results[i] = lines
 
-    proc = ServerProcess(str(tiny_package), tmp_path / "srv", config=config).start()
+    proc = ServerProcess(str(slow_package), tmp_path / "srv", config=config).start()
     try:
         threads = [threading.Thread(target=stream, args=(i, proc.url)) for i in range(4)]
         for t in threads:
@@ -56,7 +63,7 @@ def test_sigterm_finishes_every_in_flight_stream(tiny_package: Path, tmp_path: P
     assert sorted(results) == [0, 1, 2, 3]
     for lines in results.values():
         assert lines[-1] == "[DONE]"
-        assert json.loads(lines[-2])["usage"]["completion_tokens"] == 1500
+        assert json.loads(lines[-2])["usage"]["completion_tokens"] == 400
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{proc.url}/health", timeout=2)
 
