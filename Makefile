@@ -26,6 +26,7 @@ test: install
 	$(BIN)/pytest -q
 
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.
+demo: export MLFLOW_LOGGING_LEVEL=WARNING
 demo: install
 	@echo "== training run 1 (about a minute on 2 cores)"
 	@$(BIN)/python $(DEMO)/train.py --project-dir $(DEMO) --seed 0 | tail -n 1 > $(DEMO)/.relctl-run1

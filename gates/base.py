@@ -61,6 +61,13 @@ class GateContext:
     production: ProductionRef | None
     # The eval set handed in by the pipeline (the run's data/eval.jsonl artifact); gates.eval.dataset wins.
     eval_dataset: Path | None = None
+    # The folder of release.yaml: relative paths in a gate's block (datasets, suites, traces) mean files there.
+    config_dir: Path | None = None
+
+    def resolve(self, path: Path | str) -> Path:
+        """`path` from a gate's config block, relative to release.yaml's folder (not the process's cwd)."""
+        p = Path(path)
+        return p if p.is_absolute() or self.config_dir is None else self.config_dir / p
 
 
 class Gate(Protocol):

@@ -69,7 +69,7 @@ class EvalGate:
         self.config = config
 
     def run(self, context: GateContext) -> GateResult:
-        path = self.config.dataset or context.eval_dataset
+        path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset
         if path is None:
             raise InputError("eval gate: no eval set", hint="set gates.eval.dataset or log data/eval.jsonl with the run")
         data = load_eval_set(path, self.config.expectations)

@@ -72,7 +72,8 @@ class LoadGate:
                 client = ClientOptions(base_url=server.url, model=None, endpoint=cfg.endpoint,
                                        max_concurrency=cfg.max_concurrency, timeout_s=cfg.timeout_s)
                 report = run_bench([server.url], cfg.traffic, cfg.slos, client, work, do_sweep=cfg.sweep,
-                                   sweep_rates=cfg.sweep_rates, step_duration_s=cfg.step_duration_s)
+                                   sweep_rates=cfg.sweep_rates, step_duration_s=cfg.step_duration_s,
+                                   base_dir=context.config_dir)
                 report["server"] = server.info
         except ReleaseError as exc:
             return GateResult(self.id, "fail", f"load test could not run: {exc.message}",

@@ -95,7 +95,7 @@ class SafetyGate:
         self.config = config
 
     def run(self, context: GateContext) -> GateResult:
-        suite_path = self.config.suite or DEFAULT_SUITE
+        suite_path = context.resolve(self.config.suite) if self.config.suite else DEFAULT_SUITE
         detectors = self._detectors()
         cases = load_suite(suite_path, set(detectors))
         self._check_categories(cases)

@@ -34,7 +34,8 @@ def run_standalone(
         production = ProductionRef(version=f"baseline:{baseline_dir.name}", package_dir=baseline_dir, tags={})
     shutil.rmtree(work_dir, ignore_errors=True)
     context = GateContext(model_name=config.model or package_dir.name, package_dir=package_dir, work_dir=work_dir,
-                          production=production, eval_dataset=eval_dataset)
+                          production=production, eval_dataset=eval_dataset,
+                          config_dir=config_path.parent if config_path else None)
     return run_gate(gate, context)
 
 

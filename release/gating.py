@@ -29,7 +29,7 @@ def production_ref(registry: Registry, name: str, dest: Path) -> ProductionRef |
 
 def run_configured_gates(
     registry: Registry, gates: list[Any], name: str, package: PackageManifest, intake: StageOutcome,
-    work: Path, progress: Progress,
+    work: Path, progress: Progress, config_dir: Path | None = None,
 ) -> tuple[list[GateResult], ProductionRef | None]:
     """Every configured gate's result (in release.yaml order) and the production they compared with."""
     from gates.registry import run_gates
@@ -41,7 +41,7 @@ def run_configured_gates(
         gate_dir = work / "gates" / gate_id
         gate_dir.mkdir(parents=True, exist_ok=True)
         return GateContext(model_name=name, package_dir=package.root, work_dir=gate_dir,
-                           production=production, eval_dataset=eval_data)
+                           production=production, eval_dataset=eval_data, config_dir=config_dir)
 
     results: list[GateResult] = []
     for gate in gates:

@@ -203,7 +203,8 @@ class Promotion:
         from gates.report import render_markdown, result_to_dict
         from release.gating import run_configured_gates
 
-        results, production = run_configured_gates(self.registry, gates, name, package, intake, work, self.progress)
+        results, production = run_configured_gates(self.registry, gates, name, package, intake, work,
+                                                   self.progress, self._repo_anchor())
         report.gates = [result_to_dict(r) for r in results]
         self.gate_results = results
         self.gates_markdown = render_markdown(results, production.version if production else None)

@@ -52,8 +52,10 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Modu
     """Two real training runs of the example, both promoted in order, in one fresh project."""
     train_module = load_train_module()
     project = tmp_path_factory.mktemp("story")
-    # The example's own release.yaml: int4, validation thresholds, eval and safety gates.
-    shutil.copy(EXAMPLE / "release.yaml", project / "release.yaml")
+    # The example's own release.yaml (int4, validation thresholds, eval, safety and load gates) and the
+    # load gate's traffic file beside it.
+    for name in ("release.yaml", "traffic.jsonl"):
+        shutil.copy(EXAMPLE / name, project / name)
     run1 = train_module.log_run(tiny_run, project, experiment=MODEL)
     first = relctl(project, "promote", run1, "--json")
     second_result = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("run2"), replace(tiny_run.config, seed=1))
@@ -81,7 +83,10 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert mv.description.startswith(f"# {MODEL} — int4 ONNX")
     assert "top1_agreement" in mv.description
     # Gates ran before registration and are summarized on the version.
-    assert [(g["gate"], g["status"]) for g in report["gates"]] == [("eval", "pass"), ("safety", "pass")]
+    assert [(g["gate"], g["status"]) for g in report["gates"]] == [("eval", "pass"), ("safety", "pass"),
+                                                                   ("load", "pass")]
+    load = report["gates"][2]
+    assert load["metrics"]["error_rate"] == 0.0 and load["metrics"]["cost_per_million_tokens"] > 0
     assert mv.tags["gate.eval.status"] == "pass" and mv.tags["gate.safety.status"] == "pass"
     assert float(mv.tags["gate.eval.exact_match"]) >= 0.8
     assert "## Gates" in mv.description and "report/report.html" in mv.description
@@ -171,6 +176,23 @@ def test_malformed_eval_file_is_bad_input(story: dict[str, Any], tmp_path: Path)
     assert result.exit_code == 2, result.output + result.stderr
     assert "line 2" in result.stderr.strip().splitlines()[-2]
     assert (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'"))) == before
+
+
+def test_impossible_load_slo_blocks_the_release(story: dict[str, Any], tmp_path: Path) -> None:
+    project = story["project"]
+    registry = Registry(resolve_store(project))
+    before = registry.aliases(MODEL)
+    config = tmp_path / "release.yaml"
+    traffic = project / "traffic.jsonl"
+    config.write_text(f"gates:\n  load:\n    traffic: {{rate: 8, requests: 20, dataset: {traffic}}}\n"
+                      "    slos: {ttft_p99_ms: 0.001}\n")
+    result = relctl(project, "promote", story["runs"][1], "--config", str(config), "--json")
+    assert result.exit_code == 1, result.output + result.stderr
+    error = result.stderr.strip().splitlines()[-2]
+    assert error.startswith("error: gate 'load' failed: ") and "ttft_p99_ms" in error
+    load = json.loads(result.stdout)["gates"][0]
+    assert [c["metric"] for c in load["thresholds"] if not c["passed"]] == ["ttft_p99_ms"]
+    assert registry.aliases(MODEL) == before
 
 
 def test_strict_int4_is_blocked_and_production_untouched(story: dict[str, Any], tmp_path: Path) -> None:
