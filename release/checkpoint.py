@@ -14,6 +14,7 @@ from math import prod
 from pathlib import Path
 
 from release.errors import InputError
+from release.jsonfile import read_json_file
 
 # Bytes per element for every dtype the safetensors format defines.
 DTYPE_SIZES: dict[str, int] = {
@@ -112,15 +113,11 @@ def refuse_pickles(folder: Path) -> None:
 def read_config(folder: Path) -> dict[str, object]:
     """config.json of a checkpoint folder; its absence is an input error, never a default."""
     path = folder / "config.json"
-    if not path.is_file():
-        raise InputError(
-            f"{folder.name}: config.json is missing",
-            hint="log the model's config.json next to its weights (model.config.save_pretrained(dir))",
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: invalid JSON at line {exc.lineno}", hint="fix or re-save config.json") from exc
+    missing = InputError(
+        f"{folder.name}: config.json is missing",
+        hint="log the model's config.json next to its weights (model.config.save_pretrained(dir))",
+    )
+    data = read_json_file(path, missing, fix_hint="fix or re-save config.json")
     if not isinstance(data, dict) or "model_type" not in data:
         raise InputError(f"{path.name}: no model_type", hint="save the config with transformers' save_pretrained")
     return data

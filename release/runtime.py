@@ -12,7 +12,6 @@ the BOS that the training tokenizer's post-processor adds, whatever tokenizer_co
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from release.errors import InputError
+from release.jsonfile import read_json_file
 
 GENAI_CONFIG = "genai_config.json"
 MODEL_FILE = "model.onnx"
@@ -48,15 +48,11 @@ class Generation:
 def read_genai_config(model_dir: Path) -> dict[str, Any]:
     """genai_config.json of a converted folder; InputError when the folder is not a genai model."""
     path = model_dir / GENAI_CONFIG
-    if not path.is_file():
-        raise InputError(
-            f"{model_dir.name}: {GENAI_CONFIG} is missing (not an onnxruntime-genai model folder)",
-            hint="convert the checkpoint first (relctl promote, or release.stages.convert.convert)",
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: invalid JSON at line {exc.lineno}", hint="re-run convert") from exc
+    missing = InputError(
+        f"{model_dir.name}: {GENAI_CONFIG} is missing (not an onnxruntime-genai model folder)",
+        hint="convert the checkpoint first (relctl promote, or release.stages.convert.convert)",
+    )
+    data = read_json_file(path, missing, fix_hint="re-run convert")
     if not isinstance(data, dict) or "model" not in data:
         raise InputError(f"{path.name}: no 'model' section", hint="re-run convert")
     return data

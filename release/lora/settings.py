@@ -6,7 +6,6 @@ refused when it is set (truthy), so a newer peft feature never merges silently w
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from release.errors import InputError
+from release.jsonfile import read_json_file
 
 CONFIG_FILE = "adapter_config.json"
 PEFT_HINT = "merge it with peft's merge_and_unload() and log the merged checkpoint instead of the adapter"
@@ -87,15 +87,11 @@ def _pattern_key(patterns: Mapping[str, object], module: str) -> str:
 def read_settings(adapter_dir: Path) -> LoraSettings:
     """Parse adapter_config.json and refuse every option relctl cannot fold exactly."""
     path = adapter_dir / CONFIG_FILE
-    if not path.is_file():
-        raise InputError(
-            f"{adapter_dir.name}: {CONFIG_FILE} is missing",
-            hint="save the adapter with peft's save_pretrained (adapter_config.json + adapter_model.safetensors)",
-        )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{CONFIG_FILE}: invalid JSON ({exc.__class__.__name__})", hint="re-save the adapter") from exc
+    missing = InputError(
+        f"{adapter_dir.name}: {CONFIG_FILE} is missing",
+        hint="save the adapter with peft's save_pretrained (adapter_config.json + adapter_model.safetensors)",
+    )
+    data = read_json_file(path, missing, fix_hint="re-save the adapter")
     if not isinstance(data, dict):
         raise InputError(f"{CONFIG_FILE}: not a JSON object", hint="re-save the adapter with peft's save_pretrained")
     check_supported(data)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from mlflow.exceptions import MlflowException
 
 from release import checkpoint as ckpt
 from release.errors import InputError, RegistryError
+from release.jsonfile import read_json_file
 from release.lineage import checkpoint_lineage, training_lineage
 from release.registry import Registry
 
@@ -43,10 +43,8 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
 
 def _check_adapter(folder: Path) -> dict[str, Any]:
     cfg_path = folder / "adapter_config.json"
-    try:
-        adapter_cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{cfg_path.name}: invalid JSON at line {exc.lineno}", hint="re-save the adapter") from exc
+    adapter_cfg = read_json_file(cfg_path, InputError(f"{folder.name}: adapter_config.json is missing"),
+                                 fix_hint="re-save the adapter")
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():
         raise InputError(
