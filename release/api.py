@@ -66,6 +66,19 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     )
 
 
+def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
+    """Register a package as a new version of `model` (checksums verified first); optionally production."""
+    from release.promote import RELEASE_EXPERIMENT
+    from release.stages.package import verify_package
+    from release.stages.register import register_package
+    from release.store import ensure_experiment
+
+    package = verify_package(package_dir)
+    registry = open_registry(project_dir)
+    experiment_id = ensure_experiment(registry.store, RELEASE_EXPERIMENT)
+    return register_package(registry, package, model, experiment_id, production)
+
+
 def history(model: str, project_dir: Path) -> list[AliasMove]:
     registry = open_registry(project_dir)
     registry.require_model(model)

@@ -16,7 +16,7 @@ import mlflow
 
 from release.config import ReleaseConfig
 from release.errors import Blocked, ReleaseError
-from release.hashing import sha256_file, sha256_json
+from release.hashing import sha256_file
 from release.lineage import repo_state
 from release.pipeline import Pipeline, StageOutcome
 from release.progress import Progress
@@ -28,7 +28,6 @@ from release.stages.package import MANIFEST, PackageManifest, build_package
 from release.store import Store, ensure_experiment
 
 RELEASE_EXPERIMENT = "relctl-releases"
-CONTENT_TAG = "relctl.package_content_sha256"
 
 
 class Promotion:
@@ -192,7 +191,7 @@ class Promotion:
                                    data=json.loads((out.path("package") / MANIFEST).read_text()))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
                           # What is served (every file but the manifest): equal content, equal release.
-                          "content_sha256": sha256_json(manifest.files),
+                          "content_sha256": reg.content_sha256(manifest),
                           "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files)}
         return manifest
 
@@ -218,17 +217,13 @@ class Promotion:
         assert report.release_run is not None
         start = time.perf_counter()
         current = self.registry.version_for(name, PRODUCTION) if self.registry.model_exists(name) else None
-        if current is not None and current.tags.get(CONTENT_TAG) == report.package["content_sha256"]:
+        if current is not None and current.tags.get(reg.CONTENT_TAG) == report.package["content_sha256"]:
             # Promoting what already serves is a no-op, not a new version that replaces its own twin.
             report.outcome, report.version = "unchanged", str(current.version)
             self.progress.done("register", time.perf_counter() - start,
                                f"{name} v{current.version} already serves this package; nothing moved")
             return
-        package_uri = reg.log_package(report.release_run, package)
-        info = reg.log_onnx_model(package)
-        extra = {"relctl.release_run_id": report.release_run, "relctl.package_uri": package_uri,
-                 "relctl.package_manifest_sha256": report.package["manifest_sha256"],
-                 CONTENT_TAG: report.package["content_sha256"]}
+        extra: dict[str, Any] = {"relctl.package_manifest_sha256": report.package["manifest_sha256"]}
         extra |= {f"validation.{k}": v for k, v in (report.validation or {}).get("metrics", {}).items()
                   if isinstance(v, (int, float))}
         for gate in report.gates:
@@ -236,10 +231,9 @@ class Promotion:
             extra |= {f"gate.{gate['gate']}.{k}": v for k, v in gate.get("metrics", {}).items()}
             if "dataset_sha256" in gate.get("details", {}):
                 extra[f"gate.{gate['gate']}.dataset_sha256"] = gate["details"]["dataset_sha256"]
-        tags = reg.version_tags(report.lineage, package, extra)
         report.outcome = "released"
-        version = reg.register_version(self.registry, name, report.release_run, info.model_uri,
-                                       getattr(info, "model_id", None), tags, self.card(report))
+        version = reg.publish(self.registry, name, report.release_run, package, report.lineage, extra,
+                              self.card(report))
         report.version = version
         move = self.registry.promote(name, version, f"promoted from training run {report.training_run}",
                                      report.release_run)

@@ -122,4 +122,20 @@ def package(runtime_model: Path, source: Path, out: Path, model_name: str, preci
     emit(manifest.data, as_json, lambda: click.echo(f"package with {len(manifest.files)} files written to {out}"))
 
 
-STAGE_COMMANDS = [intake, merge, convert, validate, package]
+@click.command()
+@click.argument("package_dir", type=existing_dir)
+@click.option("--model", "model_name", required=True, help="Registered model name.")
+@click.option("--production", is_flag=True, help="Also move 'production' to the new version (no gate runs!).")
+@json_option
+@click.pass_obj
+@handled
+def register(ctx: Ctx, package_dir: Path, model_name: str, production: bool, as_json: bool) -> None:
+    """Register PACKAGE_DIR as a new MLflow model version (lineage tags from its manifest)."""
+    from release.api import register as run_register
+
+    version, run_id = run_register(package_dir, model_name, ctx.project_dir, production)
+    emit({"model": model_name, "version": version, "release_run": run_id, "production": production}, as_json,
+         lambda: click.echo(f"{model_name} v{version} registered" + (" and is production" if production else "")))
+
+
+STAGE_COMMANDS = [intake, merge, convert, validate, package, register]

@@ -256,3 +256,21 @@ def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_register_subcommand_registers_a_package_with_its_lineage(story: dict[str, Any], tmp_path: Path) -> None:
+    project, run2 = story["project"], story["runs"][1]
+    package = project / ".relctl" / "work" / run2 / "package" / "package"
+    result = relctl(project, "register", str(package), "--model", "manual", "--production", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert json.loads(result.stdout)["version"] == "1"
+    registry = Registry(resolve_store(project))
+    assert registry.aliases("manual") == {"production": "1"}
+    tags = registry.get_version("manual", "1").tags
+    assert tags["relctl.training_run_id"] == run2 and tags["relctl.gates"].startswith("not run")
+    tampered = tmp_path / "package"
+    shutil.copytree(package, tampered)
+    (tampered / "model" / "genai_config.json").write_text("{}")
+    result = relctl(project, "register", str(tampered), "--model", "manual")
+    assert result.exit_code == 2 and "does not match its sha256" in result.stderr
+    assert len(registry.client.search_model_versions("name='manual'")) == 1

@@ -19,11 +19,13 @@ import onnx
 from mlflow.models.signature import ModelSignature
 from mlflow.types.schema import Schema, TensorSpec
 
+from release.hashing import sha256_json
 from release.registry import Registry
 from release.stages.package import MANIFEST, PackageManifest
 
 PACKAGE_ARTIFACT = "package"
 MLFLOW_TAG_MAX = 5000
+CONTENT_TAG = "relctl.package_content_sha256"
 
 
 def onnx_signature(model_path: Path) -> ModelSignature:
@@ -101,3 +103,38 @@ def register_version(
     registry.ensure_model(name, description="Served by relctl. Versions are promoted from training runs.")
     mv = registry.create_version(name, model_uri, release_run_id, tags, description, model_id=model_id)
     return str(mv.version)
+
+
+
+def publish(registry: Registry, name: str, run_id: str, package: PackageManifest, lineage: dict[str, Any],
+            extra: dict[str, Any], description: str) -> str:
+    """Log the package and its ONNX model to release run `run_id` and register them as a new version."""
+    package_uri = log_package(run_id, package)
+    info = log_onnx_model(package)
+    tags = version_tags(lineage, package, {"relctl.release_run_id": run_id, "relctl.package_uri": package_uri,
+                                           CONTENT_TAG: content_sha256(package), **extra})
+    return register_version(registry, name, run_id, info.model_uri, getattr(info, "model_id", None), tags,
+                            description)
+
+
+def content_sha256(package: PackageManifest) -> str:
+    """Identity of what is served: the sha256 of every file but the manifest."""
+    return sha256_json(package.files)
+
+
+def register_package(registry: Registry, package: PackageManifest, name: str, experiment_id: str,
+                     production: bool) -> tuple[str, str]:
+    """Register a verified package on its own (`relctl register`): (version, release run id).
+
+    Lineage tags come from the package manifest; no gate ran, which the version's tags say.
+    """
+    content = content_sha256(package)
+    description = (f"# {name} — {package.data.get('precision')} ONNX\n\nRegistered with `relctl register` "
+                   f"from a package (content sha256 `{content}`); no gate ran.")
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"register {name} from {package.root.name}") as run:
+        mlflow.set_tags({"relctl.model": name, "relctl.outcome": "registered"})
+        version = publish(registry, name, run.info.run_id, package, package.data.get("lineage", {}),
+                          {"relctl.gates": "not run (relctl register)"}, description)
+    if production:
+        registry.promote(name, version, "relctl register --production", run.info.run_id)
+    return version, run.info.run_id
