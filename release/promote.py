@@ -15,7 +15,7 @@ from typing import Any
 import mlflow
 
 from release.config import ReleaseConfig
-from release.errors import Blocked, ReleaseError
+from release.errors import EXIT_BUG, Blocked, ReleaseError
 from release.hashing import sha256_file
 from release.lineage import repo_state
 from release.pipeline import Pipeline, StageOutcome
@@ -41,6 +41,7 @@ class Promotion:
         self.progress = progress
         self.gate_results: list[Any] = []
         self.gates_markdown: str | None = None
+        self.pipeline: Pipeline | None = None
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: lineage, validation, memory, then the gate table and a link to the HTML report."""
@@ -67,11 +68,13 @@ class Promotion:
                                "dry_run": dry_run})
             try:
                 self._stages(training, name, report, gates, dry_run)
-            except ReleaseError as exc:
-                exc.report = report
+            except BaseException as exc:
+                if isinstance(exc, ReleaseError):
+                    exc.report = report
                 if not isinstance(exc, Blocked):
-                    report.outcome, report.exit_code = "error", exc.exit_code
-                    report.failures.append(exc.message)
+                    report.outcome = "error"
+                    report.exit_code = getattr(exc, "exit_code", EXIT_BUG)
+                    report.failures.append(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
                 raise
             finally:
                 self._log_report(report)
@@ -84,7 +87,7 @@ class Promotion:
     def _stages(self, training: Any, name: str, report: ReleaseReport, gates: list[Any], dry_run: bool) -> None:
         cfg = self.cfg
         work = (self.project_dir / ".relctl" / "work" / training.info.run_id).resolve()
-        pipe = Pipeline(work, self.progress)
+        pipe = self.pipeline = Pipeline(work, self.progress)
         intake = pipe.run("intake", {"run": training.info.run_id, "artifact": cfg.source.artifact_path},
                           lambda d: run_intake(self.registry, training, cfg.source.artifact_path, d),
                           _summ_intake)
@@ -94,7 +97,6 @@ class Promotion:
         validation = self._validate(pipe, intake, reference, candidate, model_dir)
         report.validation = validation.outputs["validation"]
         report.memory = validation.outputs["memory"]
-        report.stages = {n: {"seconds": round(o.seconds, 3), "resumed": o.resumed} for n, o in pipe.outcomes.items()}
         if not report.validation["passed"]:
             report.block(report.validation["failures"])
             raise Blocked(f"validation failed: {report.validation['failures'][0]}",
@@ -244,6 +246,9 @@ class Promotion:
                            + (f" (previous: v{previous})" if previous else ""))
 
     def _log_report(self, report: ReleaseReport) -> None:
+        if self.pipeline is not None:
+            report.stages = {n: {"seconds": round(o.seconds, 3), "resumed": o.resumed}
+                             for n, o in self.pipeline.outcomes.items()}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))

@@ -130,6 +130,19 @@ def test_promoting_what_already_serves_is_a_no_op(story: dict[str, Any]) -> None
     assert after == before
 
 
+def test_dry_run_runs_everything_and_registers_nothing(story: dict[str, Any]) -> None:
+    project = story["project"]
+    registry = Registry(resolve_store(project))
+    before = (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    result = relctl(project, "promote", story["runs"][1], "--dry-run", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    report = json.loads(result.stdout)
+    assert (report["outcome"], report["version"]) == ("dry-run", None)
+    assert [g["status"] for g in report["gates"]] == ["pass", "pass", "pass"]
+    assert {"intake", "validate", "package"} <= set(report["stages"])
+    assert (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'"))) == before
+
+
 def test_undertrained_candidate_fails_eval_and_production_is_untouched(
         story: dict[str, Any], tiny_run: Any, tinyllm: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> None:
     project = story["project"]
