@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install test demo demo-ui lint typecheck bench clean
+.PHONY: install browser test demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: install
+# The registry-UI test renders MLflow's UI in headless Chromium (Debian package).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+test: install browser
 	$(BIN)/pytest -q
 
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.

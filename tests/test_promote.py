@@ -237,7 +237,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any]) -> None:
+def render_page(url: str, tmp_path: Path) -> str:
+    """The DOM of `url` after its JavaScript ran, from headless Chromium (installed by `make test`)."""
+    chromium = shutil.which("chromium")
+    assert chromium, "chromium is not installed: `make test` installs it (apt-get install chromium)"
+    done = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
+         "--virtual-time-budget=15000", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout
+
+
+def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any], tmp_path: Path) -> None:
     """`mlflow server` on the same store serves what the registry UI renders: aliases, tags, card."""
     project, port = story["project"], _free_port()
     store = resolve_store(project)
@@ -266,6 +278,12 @@ def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any
         tags = {t["key"]: t["value"] for t in version["tags"]}
         assert tags["relctl.training_run_id"] == story["runs"][1]
         assert version["description"].startswith(f"# {MODEL} — int4 ONNX")
+        # And the registry UI itself, rendered by a real headless browser.
+        production = Registry(store).aliases(MODEL)["production"]
+        dom = render_page(f"{base}/#/models/{MODEL}/versions/{production}", tmp_path)
+        assert 'title="production"' in dom                      # the alias tag
+        assert f"{MODEL} — int4 ONNX" in dom and "Validation against the fp32 reference" in dom  # model card
+        assert "relctl.training_run_id" in dom and story["runs"][int(production) - 1] in dom      # lineage tags
     finally:
         server.terminate()
         server.wait(timeout=30)
