@@ -140,6 +140,8 @@ def test_dry_run_runs_everything_and_registers_nothing(story: dict[str, Any]) ->
     assert (report["outcome"], report["version"]) == ("dry-run", None)
     assert [g["status"] for g in report["gates"]] == ["pass", "pass", "pass"]
     assert {"intake", "validate", "package"} <= set(report["stages"])
+    # Run 2 went through these stages when it was promoted: a re-run resumes them from their manifests.
+    assert all(report["stages"][s]["resumed"] for s in ("intake", "merge", "reference", "convert"))
     assert (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'"))) == before
 
 
