@@ -28,6 +28,8 @@ browser:
 
 test: install browser
 	$(BIN)/pytest -q
+	$(BIN)/ruff check release gates tests examples benchmarks
+	$(BIN)/mypy
 
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.
 demo: export MLFLOW_LOGGING_LEVEL=WARNING

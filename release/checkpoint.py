@@ -166,7 +166,7 @@ def check_index(folder: Path, headers: dict[Path, SafetensorsHeader]) -> None:
         extra = set(header.tensors) - listed
         if extra:
             raise InputError(
-                f"{index_path.name}: {name} holds tensor '{sorted(extra)[0]}' that the index does not list",
+                f"{index_path.name}: {name} holds tensor '{min(extra)}' that the index does not list",
                 hint="re-save the sharded checkpoint; the index and shards disagree",
             )
 

@@ -45,7 +45,7 @@ class AliasMove:
 def _user() -> str:
     try:
         return getpass.getuser()
-    except Exception:  # no passwd entry in some containers; the move is still worth recording
+    except (KeyError, OSError):  # no passwd entry in some containers; the move is still worth recording
         return "unknown"
 
 

@@ -48,8 +48,8 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
     lines = [
         f"# {report.model} — {report.precision} ONNX",
         "",
-        f"Promoted by relctl from training run `{report.training_run}` "
-        f"(release run `{report.release_run}`). Outcome: **{report.outcome}**.",
+        (f"Promoted by relctl from training run `{report.training_run}` "
+         f"(release run `{report.release_run}`). Outcome: **{report.outcome}**."),
         "",
         "## Lineage",
         "| what | value |",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import mlflow
@@ -11,6 +12,7 @@ from click.testing import CliRunner
 
 from release import api
 from release.cli import cli
+from release.errors import InputError
 from release.registry import Registry
 from release.stages.package import build_package
 from release.store import connect, ensure_experiment, resolve_store
@@ -64,7 +66,7 @@ def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
     assert moves[1]["changes"] == {"production": [v1, v2], "previous": [None, v1]}
     assert moves[2]["changes"] == {"production": [v2, v1], "previous": [v1, None]}
     assert moves[2]["reason"] == "p99 regression"
-    assert all(m["at"] <= n["at"] for m, n in zip(moves, moves[1:]))
+    assert all(m["at"] <= n["at"] for m, n in pairwise(moves))
 
 
 def test_rollback_without_previous_is_bad_input(project_dir: Path, tmp_path: Path) -> None:
@@ -94,5 +96,5 @@ def test_status_and_unknown_model(project_dir: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "status", "nope"])
     assert result.exit_code == 2
     assert result.stderr.startswith("error: registered model 'nope' not found")
-    with pytest.raises(Exception):
+    with pytest.raises(InputError, match="registered model 'nope' not found"):
         api.history("nope", project_dir)
