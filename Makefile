@@ -26,10 +26,11 @@ install: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# Lint and types first (seconds), so pytest's summary is the last line CI reads.
 test: install browser
-	$(BIN)/pytest -q
 	$(BIN)/ruff check release gates tests examples benchmarks
 	$(BIN)/mypy
+	$(BIN)/pytest -q
 
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.
 demo: export MLFLOW_LOGGING_LEVEL=WARNING
