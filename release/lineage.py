@@ -7,7 +7,7 @@ from typing import Any
 
 from mlflow.entities import Run
 
-from release.hashing import sha256_file, sha256_json
+from release.hashing import sha256_file
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 
@@ -60,6 +60,3 @@ def repo_state(path: Path) -> dict[str, Any]:
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
         return {"path": None, "commit": None, "dirty": None}
 
-
-def config_hash(config_dump: dict[str, Any]) -> str:
-    return sha256_json(config_dump)

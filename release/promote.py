@@ -24,7 +24,7 @@ from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.report import ReleaseReport, model_card, summary_markdown
 from release.stages import register as reg
 from release.stages.intake import run_intake
-from release.stages.package import MANIFEST, PackageManifest, build_package
+from release.stages.package import MANIFEST, PackageManifest, build_package, verify_package
 from release.store import Store, ensure_experiment
 
 RELEASE_EXPERIMENT = "relctl-releases"
@@ -189,8 +189,8 @@ class Promotion:
 
         out = pipe.run("package", {"validation": validation.fingerprint, "fields": fields}, fn,
                        lambda o: f"{o['files']} files, serving config {o['serving_config_hash']}")
-        manifest = PackageManifest(root=out.path("package"),
-                                   data=json.loads((out.path("package") / MANIFEST).read_text()))
+        # Verified here, whether built now or resumed: gates serve it and register publishes it.
+        manifest = verify_package(out.path("package"))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
                           # What is served (every file but the manifest): equal content, equal release.
                           "content_sha256": reg.content_sha256(manifest),

@@ -24,7 +24,6 @@ from release.store import Store
 HISTORY_PREFIX = "relctl.history."
 PRODUCTION = "production"
 PREVIOUS = "previous"
-CANDIDATE = "candidate"
 
 
 @dataclass(frozen=True)
@@ -121,10 +120,6 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"cannot create a version of '{name}': {exc.message}") from exc
         return mv
-
-    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_model_version_tag(name, version, key, value)
 
     # --- aliases and their history ---------------------------------------------------------------
     def move_aliases(

@@ -9,7 +9,6 @@ The run id is the last line of stdout, so `RUN=$(python examples/tiny-llm/train.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import tempfile
@@ -24,18 +23,11 @@ if str(HERE) not in sys.path:
 
 import tinyllm
 
+from release.hashing import sha256_file
 from release.store import connect, ensure_experiment, resolve_store
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 CHECKPOINT_ARTIFACT = "checkpoint"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def git_tags(source_dir: Path) -> dict[str, str]:
