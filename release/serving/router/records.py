@@ -1,0 +1,52 @@
+"""The router's per-request record: the load generator's Record plus which side served it and how.
+
+One JSON object per line (docs/canary.md); an external source (a replica's own access log, a Prometheus
+exporter) that writes the same fields can be judged the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from release.serving.loadgen.client import Record
+
+
+@dataclass
+class RouterRecord(Record):
+    """One proxied request as the router saw it; times are the router's (send = forwarded upstream)."""
+
+    request_id: str = ""
+    backend: str = ""
+    mirrored: bool = False        # a shadow copy: its answer went nowhere
+    step: str = ""
+    path: str = ""
+    model: str | None = None      # X-Relctl-Model / X-Relctl-Version / X-Relctl-Serving-Config of the answer
+    version: str | None = None
+    serving_config: str | None = None
+    sent_at: float = 0.0          # unix time forwarded upstream
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    text: str | None = None       # the generated text, when the router records text (output quality)
+
+
+def write_records(path: Path, records: list[RouterRecord]) -> Path:
+    """JSONL, written to a temporary name first so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
+    tmp.rename(path)
+    return path
+
+
+def read_records(path: Path) -> list[RouterRecord]:
+    """Records from JSONL; unknown fields are ignored, so newer writers stay readable."""
+    known = {f.name for f in fields(RouterRecord)}
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out.append(RouterRecord(**{k: v for k, v in row.items() if k in known}))
+    return out
