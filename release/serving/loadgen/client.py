@@ -1,33 +1,39 @@
 """The open-loop client. Send times come from a plan; every latency is measured from the planned time,
 so a request the client sends late (its own lag, or waiting for a concurrency slot) is not excused
-(no coordinated omission). Lag and client queue time are recorded separately for each request."""
+(no coordinated omission). Lag and client queue time are recorded separately for each request.
+
+The dispatcher sleeps in the event loop until the next planned time (a timerfd wakes it on Linux, see
+timer.py), then sends every request that is due; each is one write of prebuilt bytes (http1.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-import aiohttp
 import numpy as np
 
 from release.serving.loadgen.dataset import Sample
+from release.serving.loadgen.http1 import Connection, Pool
+from release.serving.loadgen.http1 import Endpoint as HttpEndpoint
+from release.serving.loadgen.timer import WakeTimer
 
 Endpoint = Literal["completions", "chat"]
-# The event loop wakes timers up to ~1 ms late (epoll rounds timeouts up to whole milliseconds), so the
-# dispatcher sleeps until this close to a send time and then yields to the loop until it is reached.
-SPIN_S = 0.0011
+T = TypeVar("T")
 
 
 @dataclass
 class Record:
     """One request. Times in seconds; `scheduled_s`/`sent_s` are offsets from the start of the run."""
 
-    index: int
+    index: int                  # position in the plan (the whole plan, also when run as one segment)
     scheduled_s: float
-    sent_s: float = 0.0
+    sent_s: float = 0.0         # when its bytes were written (after any --max-concurrency wait)
     lag_s: float = 0.0          # dispatch time - planned time: the client's own lateness
     queue_s: float = 0.0        # waiting for a --max-concurrency slot
     ttft_s: float | None = None
@@ -67,14 +73,6 @@ class ClientOptions:
         return f"{base}/chat/completions" if self.endpoint == "chat" else f"{base}/completions"
 
 
-async def sleep_until(target: float) -> None:
-    delay = target - time.perf_counter()
-    if delay > SPIN_S:
-        await asyncio.sleep(delay - SPIN_S)
-    while time.perf_counter() < target:
-        await asyncio.sleep(0)
-
-
 def request_body(sample: Sample, opts: ClientOptions) -> dict[str, Any]:
     body = sample.chat_body() if opts.endpoint == "chat" else sample.completion_body()
     body.update(max_tokens=sample.output_tokens, temperature=opts.temperature, stream=opts.stream)
@@ -87,101 +85,198 @@ def request_body(sample: Sample, opts: ClientOptions) -> dict[str, Any]:
     return body
 
 
-async def run_schedule(offsets: np.ndarray, samples: list[Sample], opts: ClientOptions) -> list[Record]:
-    """Send samples[i] at offsets[i] (seconds from now) and return one Record per request, in order."""
-    connector = aiohttp.TCPConnector(limit=opts.max_concurrency or 0, limit_per_host=0, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=opts.timeout_s)
-    slots = asyncio.Semaphore(opts.max_concurrency) if opts.max_concurrency else None
-    records = [Record(i, float(offsets[i]), expected_output_tokens=s.output_tokens) for i, s in enumerate(samples)]
-    bodies = [json.dumps(request_body(s, opts)).encode() for s in samples]
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=1 << 20) as session:
-        start = time.perf_counter() + 0.05
-        tasks = []
-        for rec, body in zip(records, bodies):
-            planned = start + rec.scheduled_s
-            await sleep_until(planned)
-            rec.lag_s = time.perf_counter() - planned
-            tasks.append(asyncio.create_task(_one(session, opts, rec, body, start, slots)))
-        await asyncio.gather(*tasks)
-    return records
-
-
-async def _one(session: aiohttp.ClientSession, opts: ClientOptions, rec: Record, body: bytes, start: float,
-               slots: asyncio.Semaphore | None) -> None:
-    planned = start + rec.scheduled_s
-    if slots is not None:
-        waited = time.perf_counter()
-        await slots.acquire()
-        rec.queue_s = time.perf_counter() - waited
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on a fresh event loop: uvloop's when installed (less CPU per callback), else asyncio's."""
     try:
-        sent = time.perf_counter()
-        rec.sent_s = sent - start
-        async with session.post(opts.url, data=body, headers={"Content-Type": "application/json"}) as resp:
-            rec.http_status = resp.status
-            if resp.status != 200:
-                rec.status = _http_kind(resp.status)
-                rec.error = (await resp.text())[:300]
-                return
-            if opts.stream:
-                await _read_stream(resp, rec, planned)
-            else:
-                await _read_whole(resp, rec, planned)
-    except TimeoutError:
-        rec.status, rec.error = "timeout", f"no complete answer within {opts.timeout_s}s"
-    except aiohttp.ClientConnectorError as exc:
-        rec.status, rec.error = "connect", str(exc)[:300]
-    except (aiohttp.ClientError, ValueError) as exc:
-        rec.status, rec.error = "disconnect", f"{exc.__class__.__name__}: {exc}"[:300]
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+async def run_schedule(offsets: np.ndarray, samples: list[Sample], opts: ClientOptions,
+                       indices: list[int] | None = None, start: float | None = None) -> list[Record]:
+    """Send samples[i] at offsets[i] (seconds from `start`, a perf_counter time; default: 50 ms from now)
+    and return one Record per request, in order. `indices` are the plan positions the records carry
+    (a segment of a larger plan); default 0..n-1."""
+    run = _Run(offsets, samples, opts, indices, time.perf_counter() + 0.05 if start is None else start)
+    try:
+        await run.done
     finally:
-        if slots is not None:
-            slots.release()
-    if rec.ok and rec.ttft_s is not None and rec.e2el_s is not None and rec.output_tokens > 1:
-        rec.tpot_s = (rec.e2el_s - rec.ttft_s) / (rec.output_tokens - 1)
+        run.close()
+    return run.records
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, rec: Record, planned: float) -> None:
-    last: float | None = None
-    chunks = 0
-    usage_tokens: int | None = None
-    async for raw in resp.content:
+class _Run:
+    """One schedule in flight: the dispatcher, the concurrency cap, and the count of unfinished requests."""
+
+    def __init__(self, offsets: np.ndarray, samples: list[Sample], opts: ClientOptions,
+                 indices: list[int] | None, start: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.opts, self.start = opts, start
+        endpoint = HttpEndpoint(opts.url)
+        self.pool = Pool(endpoint)
+        positions = indices if indices is not None else range(len(samples))
+        self.records = [Record(int(p), float(o), expected_output_tokens=s.output_tokens)
+                        for p, o, s in zip(positions, offsets, samples)]
+        self.requests = [endpoint.request(json.dumps(request_body(s, opts)).encode()) for s in samples]
+        self.planned = [start + float(o) for o in offsets]
+        self.next = 0
+        self.unfinished = len(self.records)
+        self.in_flight = 0
+        self.waiting: deque[_Exchange] = deque()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.timer = WakeTimer(loop, self._dispatch)
+        if self.unfinished == 0:
+            self.done.set_result(None)
+        else:
+            self.timer.arm(self.planned[0])
+
+    def _dispatch(self) -> None:
         now = time.perf_counter()
-        line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
+        limit = self.opts.max_concurrency
+        n = len(self.planned)
+        # Everything already due goes out in this wake-up, in plan order; nothing is sent early.
+        while self.next < n and self.planned[self.next] <= now:
+            i = self.next
+            self.next += 1
+            rec = self.records[i]
+            rec.lag_s = now - self.planned[i]
+            exchange = _Exchange(self, rec, self.planned[i], self.requests[i])
+            if limit is not None and self.in_flight >= limit:
+                exchange.waited_from = now
+                self.waiting.append(exchange)
+            else:
+                self._start(exchange)
+            now = time.perf_counter()
+        if self.next < n:
+            self.timer.arm(self.planned[self.next])
+
+    def _start(self, exchange: _Exchange) -> None:
+        self.in_flight += 1
+        exchange.deadline = asyncio.get_running_loop().call_later(self.opts.timeout_s, exchange.on_timeout)
+        self.pool.send(exchange.request, exchange)
+
+    def finished(self) -> None:
+        self.in_flight -= 1
+        self.unfinished -= 1
+        if self.waiting:
+            exchange = self.waiting.popleft()
+            exchange.rec.queue_s = time.perf_counter() - exchange.waited_from
+            self._start(exchange)
+        if self.unfinished == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        self.timer.close()
+        self.pool.close()
+
+
+class _Exchange:
+    """One request's response, parsed as it arrives; fills its Record (implements http1.Sink)."""
+
+    def __init__(self, run: _Run, rec: Record, planned: float, request: bytes) -> None:
+        self.run, self.rec, self.planned, self.request = run, rec, planned, request
+        self.waited_from = 0.0
+        self.deadline: asyncio.TimerHandle | None = None
+        self.body = bytearray()
+        self.partial = b""
+        self.last: float | None = None
+        self.chunks = 0
+        self.usage_tokens: int | None = None
+        self.over = False
+        self.conn: Connection | None = None
+
+    def on_sent(self, now: float, conn: Connection) -> None:
+        self.rec.sent_s = now - self.run.start
+        self.conn = conn
+
+    def on_status(self, status: int, now: float) -> None:
+        self.rec.http_status = status
+
+    def on_data(self, data: bytes, now: float) -> None:
+        if self.over:
+            return
+        if self.rec.http_status != 200 or not self.run.opts.stream:
+            self.body += data
+            return
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            self._event(line.strip(), now)
+
+    def _event(self, line: bytes, now: float) -> None:
+        if not line.startswith(b"data:") or self.over:
+            return
         payload = line[5:].strip()
         if payload == b"[DONE]":
-            break
+            return
         event = json.loads(payload)
         if "error" in event:
-            rec.status, rec.error = "stream_error", str(event["error"])[:300]
+            self._close("stream_error", str(event["error"])[:300])
             return
         if event.get("usage"):
-            usage_tokens = event["usage"].get("completion_tokens")
-            rec.prompt_tokens = event["usage"].get("prompt_tokens")
+            self.usage_tokens = event["usage"].get("completion_tokens")
+            self.rec.prompt_tokens = event["usage"].get("prompt_tokens")
         if _chunk_text(event):
-            chunks += 1
-            if last is None:
-                rec.ttft_s = now - planned
+            self.chunks += 1
+            if self.last is None:
+                self.rec.ttft_s = now - self.planned
             else:
-                rec.itl_s.append(now - last)
-            last = now
-    if last is None:
-        rec.status, rec.error = "empty", "stream ended without any token"
-        return
-    rec.e2el_s = last - planned
-    rec.output_tokens = usage_tokens if usage_tokens is not None else chunks
-    rec.status = "ok"
+                self.rec.itl_s.append(now - self.last)
+            self.last = now
 
+    def on_end(self, now: float) -> None:
+        if self.over:
+            return
+        rec = self.rec
+        status = rec.http_status or 0
+        if status != 200:
+            self._close(_http_kind(status), self.body[:300].decode(errors="replace"))
+            return
+        if not self.run.opts.stream:
+            try:
+                usage = json.loads(self.body).get("usage") or {}
+            except (ValueError, AttributeError):
+                self._close("disconnect", "response body is not a JSON object")
+                return
+            # Without streaming the first token is not observable: TTFT and TPOT stay unknown.
+            rec.e2el_s = now - self.planned
+            rec.output_tokens = int(usage.get("completion_tokens", 0))
+            rec.prompt_tokens = usage.get("prompt_tokens")
+            self._close("ok", None)
+            return
+        if self.partial.strip():
+            self._event(self.partial.strip(), now)
+        if self.over:
+            return
+        if self.last is None:
+            self._close("empty", "stream ended without any token")
+            return
+        rec.e2el_s = self.last - self.planned
+        rec.output_tokens = self.usage_tokens if self.usage_tokens is not None else self.chunks
+        if rec.ttft_s is not None and rec.output_tokens > 1:
+            rec.tpot_s = (rec.e2el_s - rec.ttft_s) / (rec.output_tokens - 1)
+        self._close("ok", None)
 
-async def _read_whole(resp: aiohttp.ClientResponse, rec: Record, planned: float) -> None:
-    body = await resp.json()
-    now = time.perf_counter()
-    # Without streaming the first token is not observable: TTFT and TPOT stay unknown.
-    rec.e2el_s = now - planned
-    usage = body.get("usage") or {}
-    rec.output_tokens = int(usage.get("completion_tokens", 0))
-    rec.prompt_tokens = usage.get("prompt_tokens")
-    rec.status = "ok"
+    def on_fail(self, kind: str, message: str) -> None:
+        self._close(kind, message)
+
+    def on_timeout(self) -> None:
+        if not self.over:
+            self._close("timeout", f"no complete answer within {self.run.opts.timeout_s}s")
+            if self.conn is not None:
+                self.conn.abort()  # the server sees the client leave and can stop generating
+
+    def _close(self, status: str, error: str | None) -> None:
+        if self.over:
+            return
+        self.over = True
+        self.rec.status, self.rec.error = status, error
+        if self.deadline is not None:
+            self.deadline.cancel()
+        self.run.finished()
 
 
 def _chunk_text(event: dict[str, Any]) -> str:

@@ -5,7 +5,6 @@ Every run writes per-request records (JSONL); the caller decides where (`out_dir
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from release.errors import InputError
 from release.serving.loadgen.arrivals import ArrivalKind, load_trace, plan_arrivals, scale_trace
-from release.serving.loadgen.client import ClientOptions, Record, run_schedule
+from release.serving.loadgen.client import ClientOptions, Record, run_async, run_schedule
 from release.serving.loadgen.dataset import Sample, draw_samples, load_dataset, parse_row, synthetic_dataset
 from release.serving.loadgen.summary import SLOCheck, SLOs, check_slos, summarize
 
@@ -103,8 +102,8 @@ def run_one(label: str, opts: ClientOptions, offsets: np.ndarray, samples: list[
             rate: float | None, warmup: int) -> RunResult:
     """Warm the endpoint, then send the planned traffic once."""
     for i in range(warmup):
-        asyncio.run(run_schedule(np.zeros(1), [samples[i % len(samples)]], opts))
-    records = asyncio.run(run_schedule(offsets, samples, opts))
+        run_async(run_schedule(np.zeros(1), [samples[i % len(samples)]], opts))
+    records = run_async(run_schedule(offsets, samples, opts))
     summary = summarize(records, rate, slos)
     return RunResult(label, opts.url, rate, records, summary, check_slos(summary, slos))
 
