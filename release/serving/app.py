@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -17,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from release.serving.engine import Engine, Finished
 from release.serving.metrics import Identity, ServerMetrics
+from release.serving.parsing import parse_body
 from release.serving.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -28,11 +30,12 @@ from release.serving.protocol import (
     completion_body,
     completion_prompt,
     new_id,
-    parse_body,
     sse,
     usage,
 )
 from release.serving.requestlog import RequestLog
+
+log = logging.getLogger("relctl.serve")
 
 
 @dataclass
@@ -119,8 +122,25 @@ class IdentityHeaders:
 
 
 async def answer(state: ServerState, request: Request, chat: bool) -> Response:
+    """One completion request, whatever happens: a 4xx for the client's mistakes, 429/504 for capacity,
+    and for a fault of this server a 500 that is logged with the request id and counted."""
     arrived = time.monotonic()
     endpoint = "chat" if chat else "completions"
+    rid = new_id("chatcmpl" if chat else "cmpl")
+    try:
+        response = await _answer(state, request, chat, endpoint, rid, arrived)
+    except Exception as exc:  # the one place a server fault becomes a counted 500
+        log.exception("request %s: server error", rid)
+        state.metrics.errors.labels("server").inc()
+        state.metrics.requests.labels(endpoint, "500").inc()
+        problem = RequestProblem("server", f"internal error ({type(exc).__name__}); request id {rid}", status=500)
+        response = JSONResponse(problem.body(), status_code=500)
+    response.headers["x-request-id"] = rid
+    return response
+
+
+async def _answer(state: ServerState, request: Request, chat: bool, endpoint: str, rid: str,
+                  arrived: float) -> Response:
     try:
         prepared = await prepare(state, request, chat)
     except RequestProblem as problem:
@@ -133,20 +153,20 @@ async def answer(state: ServerState, request: Request, chat: bool) -> Response:
         state.metrics.requests.labels(endpoint, "429").inc()
         full = RequestProblem("queue", "server at capacity, retry later", status=429)
         return JSONResponse(full.body(), status_code=429, headers={"Retry-After": str(engine.retry_after_s())})
+    run = Run(state, prepared, arrived, rid)
     try:
-        events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s)
+        events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s,
+                                 rid)
         first = await anext(events)
     except BaseException:
+        run.done = True  # counted by answer()'s handler, not as a finished run
         engine.release()
         raise
-    if isinstance(first, Finished) and first.reason == "timeout":
+    if isinstance(first, Finished) and first.reason in ("timeout", "error"):
         await events.aclose()
-        engine.release()
-        state.metrics.rejected.labels("timeout").inc()
-        state.metrics.requests.labels(endpoint, "504").inc()
-        late = RequestProblem("request", "timed out before the first token (queue wait + prefill)", status=504)
-        return JSONResponse(late.body(), status_code=504)
-    run = Run(state, prepared, arrived)
+        run.finish(first, "504" if first.reason == "timeout" else "500")
+        refusal = run.problem(first)
+        return JSONResponse(refusal.body(), status_code=refusal.status)
     if prepared.stream:
         return RunStream(run, first, events)
     return await run.whole(first, events)
@@ -165,10 +185,13 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
     if req.model is not None and req.model not in (ident.model_id, ident.name):
         raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{ident.model_id}'",
                              status=400)
-    params = check_params(req, settings)
+    params = check_params(req, settings, engine.limits)
     if isinstance(req, ChatRequest):
         field = "messages"
-        prompt = engine.render_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+        try:
+            prompt = engine.render_chat([{"role": m.role, "content": m.text()} for m in req.messages])
+        except Exception as exc:  # templates raise on conversations they refuse (role order...)
+            raise RequestProblem("messages", f"refused by the model's chat template: {exc}") from exc
     else:
         assert isinstance(req, CompletionRequest)
         field, prompt = "prompt", completion_prompt(req)
@@ -214,12 +237,12 @@ class RunStream(StreamingResponse):
 class Run:
     """One admitted request: turns engine events into a response, then records metrics and the log line."""
 
-    def __init__(self, state: ServerState, prepared: Prepared, arrived: float) -> None:
+    def __init__(self, state: ServerState, prepared: Prepared, arrived: float, rid: str) -> None:
         self.done = False
         self.state = state
         self.p = prepared
         self.arrived = arrived
-        self.rid = new_id("chatcmpl" if prepared.chat else "cmpl")
+        self.rid = rid
         self.first_token_at: float | None = None
         self.pieces: list[str] = []
 
@@ -239,6 +262,8 @@ class Run:
                     is_first = False
                     event = await anext(rest)
             yield from_finish(self, finished, is_first)
+            if finished.reason in ("timeout", "error"):
+                return
             if self.p.include_usage:
                 body = chunk_body(self.rid, model, None, None, chat, False)
                 body["choices"] = []
@@ -246,7 +271,7 @@ class Run:
                 yield sse(body)
             yield sse("[DONE]")
         finally:
-            self.finish(finished, "200" if finished is not None else "499")
+            self.finish(finished, "499" if finished is None else self.code(finished))
 
     async def whole(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> Response:
         finished: Finished | None = None
@@ -258,14 +283,24 @@ class Run:
                     event = await anext(rest)
                 finished = event
         finally:
-            code = "504" if finished is None or finished.reason == "timeout" else "200"
-            self.finish(finished, code)
-        if finished.reason == "timeout":
-            problem = RequestProblem("request", "generation exceeded the request timeout", status=504)
-            return JSONResponse(problem.body(), status_code=504)
+            self.finish(finished, "499" if finished is None else self.code(finished))
+        if finished.reason in ("timeout", "error"):
+            problem = self.problem(finished)
+            return JSONResponse(problem.body(), status_code=problem.status)
         body = completion_body(self.rid, self.state.identity.model_id, "".join(self.pieces), finished.reason, self.p.chat)
         body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
         return Response(json.dumps(body), media_type="application/json")
+
+    @staticmethod
+    def code(finished: Finished) -> str:
+        return {"timeout": "504", "error": "500"}.get(finished.reason, "200")
+
+    def problem(self, finished: Finished) -> RequestProblem:
+        """The error a timed-out or failed generation answers with (a body, or the stream's last event)."""
+        if finished.reason == "timeout":
+            where = "before the first token (queue wait + prefill)" if self.first_token_at is None else ""
+            return RequestProblem("request", f"timed out {where or 'during generation'}", status=504)
+        return RequestProblem("server", f"generation failed ({finished.error}); request id {self.rid}", status=500)
 
     def note(self, piece: str) -> None:
         if self.first_token_at is None:
@@ -284,6 +319,8 @@ class Run:
         if finished is not None:
             m.output_tokens.inc(finished.output_tokens)
             m.queue_wait.observe(finished.queue_s)
+            if finished.reason == "error":
+                m.errors.labels("generation").inc()
         if self.first_token_at is not None:
             m.ttft.observe(self.first_token_at - self.arrived)
         m.e2e.observe(now - self.arrived)
@@ -297,8 +334,7 @@ class Run:
 
 
 def from_finish(run: Run, finished: Finished, is_first: bool) -> bytes:
-    """The closing chunk: finish_reason, or an error event when the request timed out mid-stream."""
-    if finished.reason == "timeout":
-        problem = RequestProblem("request", "generation exceeded the request timeout", status=504)
-        return sse(problem.body())
+    """The closing chunk: finish_reason, or an error event when the request timed out or failed mid-stream."""
+    if finished.reason in ("timeout", "error"):
+        return sse(run.problem(finished).body())
     return sse(chunk_body(run.rid, run.state.identity.model_id, None, finished.reason, run.p.chat, is_first))

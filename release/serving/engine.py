@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 import time
@@ -21,8 +22,10 @@ from typing import Any
 
 from release.errors import InputError
 from release.runtime import open_tokenizer
-from release.serving.protocol import GenerationParams
+from release.serving.protocol import GenerationParams, ModelLimits
 from release.serving.settings import ServerSettings
+
+log = logging.getLogger("relctl.serve")
 
 FALLBACK_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
@@ -32,11 +35,13 @@ FALLBACK_CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class Finished:
-    """The last event of a generation. reason: stop, length, timeout or cancelled."""
+    """The last event of a generation. reason: stop, length, timeout, cancelled or error (`error` says what
+    failed: a server fault, since every request parameter is checked before generation starts)."""
 
     reason: str
     output_tokens: int
     queue_s: float
+    error: str | None = None
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Job:
     params: GenerationParams
     deadline: float  # time.monotonic() value; queue wait counts against it
     loop: asyncio.AbstractEventLoop
+    rid: str
     events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     admitted: float = field(default_factory=time.monotonic)
@@ -66,6 +72,7 @@ class Engine:
             raise InputError(f"{model_dir}: genai_config.json missing", hint="serve a relctl package folder")
         runtime = json.loads(config_path.read_text())
         self.context_length = int(runtime["model"]["context_length"])
+        self.limits = ModelLimits(vocab_size=int(runtime["model"]["vocab_size"]), context_length=self.context_length)
         started = time.perf_counter()
         self.model = og.Model(str(model_dir))
         # Like training: onnxruntime-genai leaves out BOS unless special tokens are switched on.
@@ -116,10 +123,10 @@ class Engine:
         return rendered
 
     # -- generation -----------------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float
+    async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float, rid: str = ""
                        ) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot."""
-        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop())
+        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid)
         self._pool.submit(self._run, job)
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -144,6 +151,9 @@ class Engine:
                 return
             reason, count = self._decode_loop(job)
             job.emit(Finished(reason, count, started - job.admitted))
+        except Exception as exc:  # whatever fails, the request must end now, not at its timeout
+            log.exception("request %s: generation failed", job.rid)
+            job.emit(Finished("error", 0, started - job.admitted, f"{type(exc).__name__}: {exc}"))
         finally:
             with self._lock:
                 self._running -= 1

@@ -36,6 +36,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("relctl_requests", "Requests answered", ["endpoint", "code"], registry=r)
+        self.errors = Counter("relctl_errors", "Server faults: generation failed or the handler raised",
+                              ["kind"], registry=r)
         self.rejected = Counter("relctl_rejected", "Requests refused before generation", ["reason"], registry=r)
         self.ttft = Histogram("relctl_time_to_first_token_seconds", "Arrival to first token",
                               buckets=LATENCY_BUCKETS, registry=r)

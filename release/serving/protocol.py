@@ -7,16 +7,17 @@ checked strictly: "5" is not an integer. Any problem becomes a 400 whose `param`
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from release.serving.settings import ServerSettings
 
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|tuple|function-\w+)\[.*\]|[A-Z]\w*)$")
+INT32_MAX = 2**31 - 1
+# Every token is matched against every stop string: their length bounds the work per token.
+MAX_STOP_CHARS = 256
 
 
 class RequestProblem(Exception):
@@ -46,8 +47,9 @@ class SamplingFields(_Schema):
     max_tokens: int | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=0)
+    # onnxruntime-genai takes both as 32-bit signed integers; top_k is also capped by the vocabulary.
+    top_k: int = Field(default=0, ge=0, le=INT32_MAX)
+    seed: int | None = Field(default=None, ge=0, le=INT32_MAX)
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -93,29 +95,17 @@ class GenerationParams:
     ignore_eos: bool
 
 
-def parse_body(raw: bytes, schema: type[SamplingFields]) -> SamplingFields:
-    """Decode JSON and validate it against `schema`; raise RequestProblem naming the first bad field."""
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestProblem("body", f"invalid JSON ({exc.__class__.__name__})") from exc
-    if not isinstance(data, dict):
-        raise RequestProblem("body", "must be a JSON object")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise RequestProblem(_field_path(err["loc"]) or "body", err["msg"]) from exc
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the loaded model can honour (from its genai_config.json)."""
+
+    vocab_size: int
+    context_length: int
 
 
-def _field_path(loc: tuple[int | str, ...]) -> str:
-    """`messages.0.content` from pydantic's location, without its union-member tags ('str', 'list[str]')."""
-    parts = [str(p) for p in loc if not _UNION_TAG.match(str(p))]
-    return ".".join(parts)
-
-
-def check_params(req: SamplingFields, settings: ServerSettings) -> GenerationParams:
-    """Apply the server's limits; max_completion_tokens (chat) wins over max_tokens like OpenAI's."""
+def check_params(req: SamplingFields, settings: ServerSettings, limits: ModelLimits) -> GenerationParams:
+    """Apply the server's and the model's limits; max_completion_tokens (chat) wins over max_tokens like
+    OpenAI's. Everything the generation thread would refuse is refused here, as a 400 naming the field."""
     field, requested = "max_tokens", req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         field, requested = "max_completion_tokens", req.max_completion_tokens
@@ -124,9 +114,14 @@ def check_params(req: SamplingFields, settings: ServerSettings) -> GenerationPar
         raise RequestProblem(field, "must be at least 1")
     if max_tokens > settings.max_output_tokens:
         raise RequestProblem(field, f"{max_tokens} exceeds this server's limit of {settings.max_output_tokens}")
+    if max_tokens >= limits.context_length:
+        raise RequestProblem(field, f"{max_tokens} leaves no room for a prompt in the model's context of "
+                                    f"{limits.context_length} tokens")
+    if req.top_k > limits.vocab_size:
+        raise RequestProblem("top_k", f"{req.top_k} exceeds the model's vocabulary of {limits.vocab_size} tokens")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    if len(stop) > 4 or any(not s for s in stop):
-        raise RequestProblem("stop", "at most 4 non-empty strings")
+    if len(stop) > 4 or any(not s or len(s) > MAX_STOP_CHARS for s in stop):
+        raise RequestProblem("stop", f"at most 4 non-empty strings of at most {MAX_STOP_CHARS} characters")
     return GenerationParams(
         max_tokens=max_tokens,
         temperature=req.temperature,
