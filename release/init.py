@@ -1,0 +1,158 @@
+"""`relctl init [DIR]`: a starter project — release.yaml from the schema, the promote workflow, deployment.
+
+Files come from relctl's own templates (package data, so this works from an installed wheel); nothing is
+overwritten without --force, and a refusal writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, distribution
+from importlib.resources import files
+from pathlib import Path
+
+import click
+
+from release.cli_support import Ctx, emit, handled, json_option
+from release.errors import InputError
+
+GITIGNORE_LINE = ".relctl/"
+# The line of templates/github-promote.yml that `init` fills in when it knows where relctl came from.
+SOURCE_LINE = '  RELCTL_SOURCE: ""'
+
+# Destination in the new project -> template file name.
+STARTER_FILES: dict[str, str] = {
+    ".github/workflows/promote.yml": "github-promote.yml",
+    "deploy/kserve-inferenceservice.yaml": "kserve-inferenceservice.yaml",
+    "deploy/Dockerfile": "Dockerfile",
+    "deploy/Dockerfile.cuda": "Dockerfile.cuda",
+}
+
+
+def templates_dir() -> Path:
+    """relctl's templates folder: package data `release/templates` (in a checkout, a link to templates/)."""
+    return Path(str(files("release").joinpath("templates")))
+
+
+def template_text(name: str) -> str:
+    """The text of one template file shipped with relctl."""
+    path = templates_dir() / name
+    if not path.is_file():
+        raise InputError(f"template '{name}' is missing from this relctl installation",
+                         hint="reinstall relctl; its wheel ships templates/ as package data")
+    return path.read_text()
+
+
+@dataclass
+class InitResult:
+    """What `init` did: files written (relative to the project), and whether .gitignore was touched."""
+
+    project_dir: str
+    written: list[str] = field(default_factory=list)
+    gitignore: str = "unchanged"
+    relctl_source: str | None = None
+
+
+def relctl_source() -> str | None:
+    """Where this relctl was installed from, as a pip direct reference CI can reuse (PEP 610), or None.
+
+    A git checkout gives `git+URL@COMMIT`, a wheel downloaded from a URL gives that URL; a local path or an
+    editable install cannot be reached from a CI runner, so it gives None.
+    """
+    try:
+        raw = distribution("relctl").read_text("direct_url.json")
+    except PackageNotFoundError:
+        return None
+    if not raw:
+        return None
+    info = json.loads(raw)
+    url = str(info.get("url", ""))
+    if not url.startswith(("https://", "http://")) or info.get("dir_info"):
+        return None
+    vcs = info.get("vcs_info")
+    if vcs:
+        return f"{vcs['vcs']}+{url}@{vcs['commit_id']}"
+    return url
+
+
+def starter_texts(source: str | None) -> dict[str, str]:
+    """Every file `init` writes except .gitignore, by path relative to the project folder."""
+    from release.config_doc import release_yaml_text
+
+    texts = {"release.yaml": release_yaml_text()}
+    for dest, name in STARTER_FILES.items():
+        texts[dest] = template_text(name)
+    workflow = texts[".github/workflows/promote.yml"]
+    if source is not None:
+        if workflow.count(SOURCE_LINE) != 1:
+            raise InputError("the promote workflow template has no RELCTL_SOURCE line to fill in",
+                             hint="reinstall relctl; its templates are damaged")
+        texts[".github/workflows/promote.yml"] = workflow.replace(SOURCE_LINE, f"  RELCTL_SOURCE: {json.dumps(source)}")
+    return texts
+
+
+def init_project(target: Path, force: bool = False, source: str | None = None) -> InitResult:
+    """Write the starter files into `target` (created if missing); refuse to overwrite unless `force`."""
+    if target.exists() and not target.is_dir():
+        raise InputError(f"{target}: not a folder", hint="pass a folder for the new project")
+    texts = starter_texts(source)
+    existing = [rel for rel in texts if (target / rel).exists()]
+    if existing and not force:
+        raise InputError(f"{target}: {', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}",
+                         hint="pass --force to overwrite them (your .gitignore is only ever appended to)")
+    result = InitResult(project_dir=str(target), relctl_source=source)
+    for rel, text in texts.items():
+        _write_atomically(target / rel, text)
+        result.written.append(rel)
+    result.gitignore = _ensure_gitignore(target / ".gitignore")
+    return result
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _ensure_gitignore(path: Path) -> str:
+    if not path.exists():
+        path.write_text(f"# relctl's embedded MLflow store, stage outputs and logs\n{GITIGNORE_LINE}\n")
+        return "created"
+    text = path.read_text()
+    if any(line.strip() in (GITIGNORE_LINE, GITIGNORE_LINE.rstrip("/")) for line in text.splitlines()):
+        return "unchanged"
+    path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + f"{GITIGNORE_LINE}\n")
+    return "appended"
+
+
+@click.command("init")
+@click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite starter files that already exist.")
+@json_option
+@click.pass_obj
+@handled
+def init_command(ctx: Ctx, directory: Path | None, force: bool, as_json: bool) -> None:
+    """Start a relctl project in DIRECTORY (default: --project-dir): release.yaml with every key and its
+    default, the GitHub promote workflow, KServe manifest and Dockerfiles, and .relctl/ in .gitignore."""
+    ctx.as_json = as_json
+    target = (directory or ctx.project_dir).resolve()
+    result = init_project(target, force=force, source=relctl_source())
+
+    def text() -> None:
+        for rel in result.written:
+            click.echo(f"wrote {rel}")
+        click.echo(f".gitignore: {result.gitignore}")
+        if result.relctl_source is None:
+            click.echo("next: set RELCTL_SOURCE in .github/workflows/promote.yml to where relctl installs from "
+                       "(e.g. git+https://github.com/ORG/relctl@v0.1.0), and the repository secrets "
+                       "MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN")
+        else:
+            click.echo("next: set the repository secrets MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN")
+
+    emit(result.__dict__, as_json, text)
