@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from release.errors import InputError
+from release.serving.loadgen.traces import Trace, load_trace, scale_trace
+
+__all__ = ["ArrivalKind", "Trace", "load_trace", "plan_arrivals", "scale_trace"]
 
 ArrivalKind = Literal["poisson", "gamma", "constant", "trace"]
-
-
-@dataclass(frozen=True)
-class Trace:
-    """A replayed trace: send offsets (seconds from the first row) and each row's other fields."""
-
-    offsets: np.ndarray
-    rows: list[dict[str, Any]]
-
-    @property
-    def rate(self) -> float:
-        span = float(self.offsets[-1] - self.offsets[0])
-        return (len(self.offsets) - 1) / span if span > 0 else float("inf")
 
 
 def plan_arrivals(kind: ArrivalKind, rate: float, n: int, seed: int, burstiness: float = 1.0) -> np.ndarray:
@@ -54,38 +41,3 @@ def plan_arrivals(kind: ArrivalKind, rate: float, n: int, seed: int, burstiness:
         raise InputError(f"arrival '{kind}': needs a trace file", hint="pass --trace FILE for trace replay")
     gaps *= ((n - 1) / rate) / gaps.sum()
     return np.concatenate([[0.0], np.cumsum(gaps)])
-
-
-def load_trace(path: Path) -> Trace:
-    """JSONL rows with a `timestamp` (seconds, any origin, non-decreasing after sorting)."""
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(_lines(path), start=1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path.name}: line {number} is not JSON", hint="one JSON object per line") from exc
-        stamp = row.get("timestamp") if isinstance(row, dict) else None
-        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
-            raise InputError(f"{path.name}: line {number} has no numeric 'timestamp'",
-                             hint='rows look like {"timestamp": 0.25, "prompt": "...", "output_tokens": 64}')
-        rows.append(row)
-    if len(rows) < 2:
-        raise InputError(f"{path.name}: a trace needs at least 2 rows", hint="record more requests")
-    rows.sort(key=lambda r: float(r["timestamp"]))
-    stamps = np.array([float(r["timestamp"]) for r in rows])
-    return Trace(stamps - stamps[0], rows)
-
-
-def scale_trace(trace: Trace, rate: float | None) -> np.ndarray:
-    """The trace's offsets, compressed or stretched to `rate` (None: as recorded)."""
-    if rate is None:
-        return trace.offsets
-    if rate <= 0:
-        raise InputError(f"rate {rate}: must be positive", hint="omit --rate to replay the trace as recorded")
-    return trace.offsets * (trace.rate / rate)
-
-
-def _lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise InputError(f"{path}: no such file", hint="check the path")
-    return [line for line in path.read_text().splitlines() if line.strip()]

@@ -7,27 +7,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
-
 from release.errors import InputError
 from release.serving.loadgen.client import ClientOptions
+from release.serving.loadgen.context import discover
 from release.serving.loadgen.plots import plot_cdfs, plot_latency_vs_rate
 from release.serving.loadgen.runner import RunResult, Traffic, compare, sweep, write_json, write_records
-from release.serving.loadgen.summary import SLOs
+from release.serving.loadgen.segments import Segment, read_segment, start_offset, union_records
+from release.serving.loadgen.summary import SLOs, check_slos, summarize
 
 
 def discover_model(base_url: str, timeout_s: float = 10.0) -> str | None:
     """The first model id the endpoint lists at /v1/models (None when it lists none)."""
-    base = base_url.rstrip("/")
-    base = base if base.endswith("/v1") else base + "/v1"
-    try:
-        resp = httpx.get(f"{base}/models", timeout=timeout_s)
-        resp.raise_for_status()
-        data = resp.json().get("data") or []
-    except (httpx.HTTPError, ValueError) as exc:
-        raise InputError(f"{base_url}: cannot list models ({exc.__class__.__name__})",
-                         hint="check the URL and that the server is up, or pass --model NAME") from exc
-    return str(data[0]["id"]) if data else None
+    return discover(base_url, timeout_s).model
 
 
 def check_url(url: str) -> None:
@@ -38,23 +29,36 @@ def check_url(url: str) -> None:
 
 def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptions, out_dir: Path,
               do_sweep: bool = False, sweep_rates: list[float] | None = None, step_duration_s: float = 10.0,
-              base_dir: Path | None = None) -> dict[str, Any]:
+              base_dir: Path | None = None, segment: Segment | None = None,
+              start_at: float | None = None) -> dict[str, Any]:
     """Benchmark `urls[0]` (and compare with the rest); returns the report also written to summary.json.
 
     `client.base_url` is ignored (each URL is used in turn); `client.model` None: ask each endpoint.
+    Synthetic prompts are sized to the smallest context the endpoints report at /v1/models.
+    `segment`: send only that share of the plan, starting at the Unix time `start_at` (segments.py).
     """
     if not urls:
         raise InputError("bench: no endpoint URL given", hint="relctl bench http://127.0.0.1:8000")
     if do_sweep and len(urls) > 1:
         raise InputError("bench: --sweep works on one endpoint", hint="drop --compare or --sweep")
+    if segment is not None and (do_sweep or len(urls) > 1):
+        raise InputError("bench: --segment runs one plan against one endpoint", hint="drop --compare or --sweep")
+    if start_at is not None:
+        start_offset(start_at)
     for url in urls:
         check_url(url)
+    infos = {url: discover(url) for url in urls}
+    contexts = [info.max_model_len for info in infos.values() if info.max_model_len is not None]
+    context = min(contexts) if contexts else None
+    endpoints = {_label(i, url, len(urls)): replace(client, base_url=url, model=client.model or infos[url].model)
+                 for i, url in enumerate(urls)}
     out_dir.mkdir(parents=True, exist_ok=True)
-    endpoints = {_label(i, url, len(urls)): _options(client, url) for i, url in enumerate(urls)}
-    report: dict[str, Any] = {"traffic": traffic.model_dump(), "slos": slos.model_dump()}
+    report: dict[str, Any] = {"traffic": traffic.model_dump(), "slos": slos.model_dump(),
+                              "client": _client_json(client), "max_model_len": context}
     if do_sweep:
         (opts,) = endpoints.values()
-        result = sweep(opts, traffic, slos, step_duration_s=step_duration_s, rates=sweep_rates, base_dir=base_dir)
+        result = sweep(opts, traffic, slos, step_duration_s=step_duration_s, rates=sweep_rates, base_dir=base_dir,
+                       max_model_len=context)
         runs = result.steps
         best = result.best
         report.update(kind="sweep", best_rate=best.rate if best else None,
@@ -62,23 +66,49 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
         report["plots"] = [str(plot_latency_vs_rate(runs, out_dir / "latency-vs-rate.png")),
                            str(plot_cdfs(runs, out_dir / "latency-cdf.png"))]
     else:
-        runs = compare(endpoints, traffic, slos, base_dir=base_dir)
-        report.update(kind="compare" if len(runs) > 1 else "run",
+        runs, digest, planned = compare(endpoints, traffic, slos, base_dir=base_dir, max_model_len=context,
+                               segment=segment, start_at=start_at)
+        report.update(kind="compare" if len(runs) > 1 else "run", plan_digest=digest, plan_requests=planned,
                       plots=[str(plot_cdfs(runs, out_dir / "latency-cdf.png"))])
+        if segment is not None:
+            report.update(kind="segment", segment=segment.to_json(), start_at=start_at)
     report["runs"] = [_with_records(run, out_dir) for run in runs]
     report["passed"] = all(run.passed for run in runs) if not do_sweep else report["best_rate"] is not None
     write_json(out_dir / "summary.json", report)
     return report
 
 
+def merge_segments(folders: list[Path], out_dir: Path, slos: SLOs | None = None) -> dict[str, Any]:
+    """One summary from the --out folders of every segment of one plan: metrics from the union of their
+    records (as one host would have reported them); written to `out_dir` like a single run."""
+    runs = [read_segment(folder) for folder in folders]
+    records, first = union_records(runs)
+    slos = slos or SLOs.model_validate(first.get("slos") or {})
+    rate = first["runs"][0]["rate"]
+    summary = summarize(records, rate, slos)
+    merged = RunResult("merged", first["runs"][0]["url"], rate, records, summary, check_slos(summary, slos))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "kind": "merge", "traffic": first.get("traffic"), "slos": slos.model_dump(), "client": first.get("client"),
+        "plan_digest": first.get("plan_digest"), "segments": [str(run.folder) for run in runs],
+        "per_segment": [{"segment": run.report["segment"], "requests": len(run.records),
+                         "achieved_rate": run.report["runs"][0]["summary"]["achieved_rate"]} for run in runs],
+        "plots": [str(plot_cdfs([merged], out_dir / "latency-cdf.png"))],
+        "runs": [_with_records(merged, out_dir)]}
+    report["passed"] = merged.passed
+    write_json(out_dir / "summary.json", report)
+    return report
+
+
+def _client_json(client: ClientOptions) -> dict[str, Any]:
+    return {"endpoint": client.endpoint, "stream": client.stream, "ignore_eos": client.ignore_eos,
+            "max_concurrency": client.max_concurrency, "timeout_s": client.timeout_s,
+            "temperature": client.temperature}
+
+
 def _with_records(run: RunResult, out_dir: Path) -> dict[str, Any]:
     path = write_records(out_dir / f"records-{run.label}.jsonl", run.records)
     return {**run.to_json(), "records": str(path)}
-
-
-def _options(client: ClientOptions, url: str) -> ClientOptions:
-    model = client.model if client.model is not None else discover_model(url)
-    return replace(client, base_url=url, model=model)
 
 
 def _label(index: int, url: str, count: int) -> str:

@@ -6,7 +6,8 @@ Every run writes per-request records (JSONL); the caller decides where (`out_dir
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import time
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from release.errors import InputError
 from release.serving.loadgen.arrivals import ArrivalKind, load_trace, plan_arrivals, scale_trace
 from release.serving.loadgen.client import ClientOptions, Record, run_async, run_schedule
-from release.serving.loadgen.dataset import Sample, draw_samples, load_dataset, parse_row, synthetic_dataset
+from release.serving.loadgen.context import check_fit, prompt_budget
+from release.serving.loadgen.dataset import (
+    Sample,
+    draw_samples,
+    load_dataset,
+    parse_row,
+    prompt_of_length,
+    synthetic_dataset,
+)
+from release.serving.loadgen.segments import Segment, plan_digest, start_offset
 from release.serving.loadgen.summary import SLOCheck, SLOs, check_slos, summarize
 
 
@@ -29,9 +39,11 @@ class Traffic(BaseModel):
     rate: float | None = Field(default=4.0, gt=0, description="requests/s; with a trace: rescale it to this rate")
     burstiness: float = Field(default=1.0, gt=0, description="Gamma shape: 1 = Poisson, < 1 burstier")
     requests: int = Field(default=100, ge=1, le=1_000_000)
-    trace: str | None = Field(default=None, description="JSONL with 'timestamp' per row (arrival: trace)")
+    trace: str | None = Field(default=None, description="trace file (arrival: trace): relctl/Mooncake JSONL, "
+                              "a relctl serve request log, bench or router records, or an Azure CSV")
     dataset: str | None = Field(default=None, description="JSONL of {prompt|messages, output_tokens}; default synthetic")
-    output_tokens: int = Field(default=32, ge=1, description="output length for rows that give none")
+    output_tokens: int = Field(default=32, ge=1, description="output tokens of every synthetic request and of "
+                               "dataset or trace rows that give none")
     seed: int = 0
     warmup: int = Field(default=2, ge=0, description="requests sent (sequentially, unrecorded) before the run")
 
@@ -65,67 +77,94 @@ class SweepResult:
         return max(passing, key=lambda s: s.rate or 0.0, default=None)
 
 
-def plan_traffic(traffic: Traffic, rate: float | None = None, base_dir: Path | None = None) -> tuple[
-    np.ndarray, list[Sample]
-]:
-    """Send offsets and request contents, both fixed before anything is sent."""
+def plan_traffic(traffic: Traffic, rate: float | None = None, base_dir: Path | None = None,
+                 max_model_len: int | None = None, endpoint: str = "completions") -> tuple[np.ndarray, list[Sample]]:
+    """Send offsets and request contents, both fixed before anything is sent.
+
+    `max_model_len` (the endpoint's context, when it reports one): synthetic prompts are sized to fit
+    it with their output tokens, and a dataset or trace row that cannot fit is an InputError.
+    """
     rate = traffic.rate if rate is None else rate
     root = base_dir or Path(".")
     if traffic.arrival == "trace":
         if traffic.trace is None:
-            raise InputError("arrival 'trace': no trace file given", hint="pass --trace FILE.jsonl")
+            raise InputError("arrival 'trace': no trace file given", hint="pass --trace FILE")
         trace = load_trace(root / traffic.trace)
         offsets = scale_trace(trace, rate)
-        pool = _pool(traffic, root, len(offsets))
+        pool = _pool(traffic, root, len(offsets), max_model_len, endpoint)
         samples = [_trace_sample(row, i, traffic, pool) for i, row in enumerate(trace.rows)]
+        if max_model_len is not None:
+            check_fit(samples, max_model_len)
         return offsets, samples
     if rate is None:
         raise InputError(f"arrival '{traffic.arrival}': no rate given", hint="pass --rate N (requests/s)")
     offsets = plan_arrivals(traffic.arrival, rate, traffic.requests, traffic.seed, traffic.burstiness)
-    return offsets, draw_samples(_pool(traffic, root, traffic.requests), traffic.requests, traffic.seed)
+    pool = _pool(traffic, root, traffic.requests, max_model_len, endpoint)
+    return offsets, draw_samples(pool, traffic.requests, traffic.seed)
 
 
-def _pool(traffic: Traffic, root: Path, n: int) -> list[Sample]:
+def _pool(traffic: Traffic, root: Path, n: int, max_model_len: int | None, endpoint: str) -> list[Sample]:
     if traffic.dataset is not None:
-        return load_dataset(root / traffic.dataset, traffic.output_tokens)
-    return synthetic_dataset(max(64, min(n, 1000)), traffic.seed, output_tokens=(max(1, traffic.output_tokens // 4),
-                                                                                  traffic.output_tokens))
+        rows = load_dataset(root / traffic.dataset, traffic.output_tokens)
+        if max_model_len is not None:
+            check_fit(rows, max_model_len)
+        return rows
+    cap = None if max_model_len is None else prompt_budget(max_model_len, traffic.output_tokens, endpoint)
+    return synthetic_dataset(max(64, min(n, 1000)), traffic.seed, output_tokens=traffic.output_tokens,
+                             max_prompt_chars=cap)
 
 
 def _trace_sample(row: dict[str, Any], i: int, traffic: Traffic, pool: list[Sample]) -> Sample:
+    where = f"{traffic.trace}: row {i + 1}"
     if "prompt" in row or "messages" in row:
-        return parse_row(row, f"{traffic.trace}: row {i + 1}", traffic.output_tokens)
-    return pool[i % len(pool)]
+        return parse_row(row, where, traffic.output_tokens)
+    output = row.get("output_tokens") or traffic.output_tokens
+    if row.get("input_tokens") is not None:
+        tokens = max(1, int(row["input_tokens"]))
+        return Sample(prompt_of_length(tokens, i), None, int(output), prompt_tokens=tokens, source=where)
+    return replace(pool[i % len(pool)], output_tokens=int(output), source=where)
 
 
 def run_one(label: str, opts: ClientOptions, offsets: np.ndarray, samples: list[Sample], slos: SLOs,
-            rate: float | None, warmup: int) -> RunResult:
-    """Warm the endpoint, then send the planned traffic once."""
+            rate: float | None, warmup: int, segment: Segment | None = None,
+            start_at: float | None = None) -> RunResult:
+    """Warm the endpoint, then send the planned traffic once (only `segment`'s share of it, if given),
+    starting at the Unix time `start_at` (default: now)."""
+    indices = segment.indices(len(offsets)) if segment is not None else list(range(len(offsets)))
+    mine = [samples[i] for i in indices]
     for i in range(warmup):
-        run_async(run_schedule(np.zeros(1), [samples[i % len(samples)]], opts))
-    records = run_async(run_schedule(offsets, samples, opts))
-    summary = summarize(records, rate, slos)
+        run_async(run_schedule(np.zeros(1), [mine[i % len(mine)] if mine else samples[0]], opts))
+    start = None if start_at is None else time.perf_counter() + start_offset(start_at)
+    records = run_async(run_schedule(offsets[indices], mine, opts, indices=indices, start=start))
+    share = None if rate is None or segment is None else rate / segment.count
+    summary = summarize(records, rate if segment is None else share, slos)
     return RunResult(label, opts.url, rate, records, summary, check_slos(summary, slos))
 
 
-def compare(endpoints: dict[str, ClientOptions], traffic: Traffic, slos: SLOs, base_dir: Path | None = None
-            ) -> list[RunResult]:
-    """The same planned traffic (times and contents) against each endpoint in turn."""
-    offsets, samples = plan_traffic(traffic, base_dir=base_dir)
+def compare(endpoints: dict[str, ClientOptions], traffic: Traffic, slos: SLOs, base_dir: Path | None = None,
+            max_model_len: int | None = None, segment: Segment | None = None, start_at: float | None = None
+            ) -> tuple[list[RunResult], str, int]:
+    """The same planned traffic (times and contents) against each endpoint in turn; with the plan's
+    digest and size (segments.py)."""
+    endpoint = next(iter(endpoints.values())).endpoint if endpoints else "completions"
+    offsets, samples = plan_traffic(traffic, base_dir=base_dir, max_model_len=max_model_len, endpoint=endpoint)
     rate = traffic.rate
-    return [run_one(label, opts, offsets, samples, slos, rate, traffic.warmup) for label, opts in endpoints.items()]
+    runs = [run_one(label, opts, offsets, samples, slos, rate, traffic.warmup, segment, start_at)
+            for label, opts in endpoints.items()]
+    return runs, plan_digest(offsets, samples), len(offsets)
 
 
 def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: float = 10.0,
           rates: list[float] | None = None, max_steps: int = 8, refine: int = 3, min_requests: int = 20,
-          base_dir: Path | None = None) -> SweepResult:
+          base_dir: Path | None = None, max_model_len: int | None = None) -> SweepResult:
     """Find the highest rate meeting the SLOs: the given rates, or double from traffic.rate until a
     step fails, then bisect between the last passing and the first failing rate `refine` times."""
     result = SweepResult()
 
     def step(rate: float) -> bool:
         n = max(min_requests, round(rate * step_duration_s))
-        offsets, samples = plan_traffic(traffic.model_copy(update={"requests": n}), rate, base_dir)
+        offsets, samples = plan_traffic(traffic.model_copy(update={"requests": n}), rate, base_dir, max_model_len,
+                                        opts.endpoint)
         run = run_one(f"rate-{rate:g}", opts, offsets, samples, slos, rate, traffic.warmup if not result.steps else 0)
         result.steps.append(run)
         return run.passed

@@ -62,12 +62,19 @@ def met_request_slos(rec: Record, slos: SLOs) -> bool:
     return True
 
 
+def sent_time(rec: Record) -> float:
+    """When the request's bytes went out (offset from the run's start); planned + lag if never sent."""
+    return rec.sent_s if rec.sent_s > 0 else rec.scheduled_s + rec.lag_s
+
+
 def summarize(records: list[Record], target_rate: float | None, slos: SLOs) -> dict[str, Any]:
     """The run's metrics; duration runs from the first planned send to the last answer."""
     ok = [r for r in records if r.ok]
     ends = [r.scheduled_s + (r.e2el_s or 0.0) for r in records]
     duration = max(max(ends, default=0.0), max((r.sent_s for r in records), default=0.0)) or float("nan")
-    sent = sorted(r.scheduled_s + r.lag_s for r in records)
+    # Achieved rate from when requests actually went out (after any --max-concurrency wait), not from
+    # when the dispatcher handled them: that is the rate the server received.
+    sent = sorted(sent_time(r) for r in records)
     span = sent[-1] - sent[0] if len(sent) > 1 else 0.0
     output_tokens = sum(r.output_tokens for r in ok)
     errors = Counter(r.status for r in records if not r.ok)
