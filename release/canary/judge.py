@@ -89,6 +89,7 @@ class MetricResult:
     interval: tuple[float, float] | None
     bound: float | None           # the allowed shift, signed in the bad direction
     reason: str
+    bad: Literal["increase", "decrease"] = "increase"
 
     def to_json(self) -> dict[str, Any]:
         return {k: _finite(v) for k, v in asdict(self).items()}
@@ -174,7 +175,7 @@ def judge_continuous(name: str, rule: MetricRule, production: Sequence[float], c
     reason = (f"shift {shift:+.3g} [{lo:+.3g}, {hi:+.3g}] at {confidence:.0%} "
               f"{'beyond' if failed else 'within'} the allowed {bound:+.3g}")
     return MetricResult(name, "continuous", "mann-whitney", verdict, rule.critical, m, n, med_p, med_c,
-                        float(test.statistic), float(test.pvalue), shift, (lo, hi), bound, reason)
+                        float(test.statistic), float(test.pvalue), shift, (lo, hi), bound, reason, rule.bad)
 
 
 def newcombe_interval(candidate: Proportion, production: Proportion, confidence: float) -> tuple[float, float]:
@@ -215,14 +216,14 @@ def judge_proportion(name: str, rule: MetricRule, production: Proportion, candid
     reason = (f"{candidate.hits}/{n} vs {production.hits}/{m}: difference {shift:+.3g} [{lo:+.3g}, {hi:+.3g}], "
               f"Fisher p={p_value:.3g}; {'beyond' if failed else 'within'} the allowed {bound:+.3g}")
     return MetricResult(name, "proportion", "fisher", verdict, rule.critical, m, n, rate_p, rate_c,
-                        float(test.statistic), p_value, shift, (lo, hi), bound, reason)
+                        float(test.statistic), p_value, shift, (lo, hi), bound, reason, rule.bad)
 
 
 def _inconclusive(name: str, rule: MetricRule, test: str, m: int, n: int, prod: float | None,
                   cand: float | None) -> MetricResult:
     reason = f"too little data: {n} candidate and {m} production samples (needs {rule.min_samples} each)"
     return MetricResult(name, rule.kind, test, "inconclusive", rule.critical, m, n, prod, cand,
-                        None, None, None, None, None, reason)
+                        None, None, None, None, None, reason, rule.bad)
 
 
 def judge_step(rules: Mapping[str, MetricRule], data: Mapping[str, tuple[Any, Any]], confidence: float = 0.98,

@@ -24,6 +24,8 @@ from release.serving.router import Router, RouterRecord, RouterServer, write_rec
 
 Outcome = Literal["pass", "fail", "inconclusive", "stopped"]
 POLL_S = 0.02
+# should_stop may ask a registry; inside a step it is asked this often, and always right before a check.
+STOP_POLL_S = 0.25
 
 
 @dataclass
@@ -144,9 +146,12 @@ def _wait_for_step(router: Router, driver: TrafficDriver, label: str, config: Ca
                    should_stop: Callable[[], str | None] | None) -> str | None:
     deadline = time.perf_counter() + config.step_timeout_s
     seen, done = 0, 0
+    asked = 0.0
     while time.perf_counter() < deadline:
-        if should_stop is not None and (reason := should_stop()) is not None:
-            return reason
+        if should_stop is not None and time.perf_counter() - asked >= STOP_POLL_S:
+            asked = time.perf_counter()
+            if (reason := should_stop()) is not None:
+                return reason
         records = router.records
         current = len(records)
         done += sum(1 for r in records[seen:current] if r.step == label and not r.mirrored)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from release.canary.judge import MetricRule
 from release.serving.loadgen.runner import Traffic
+from release.serving.settings import ServerSettings
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
 # Latency may grow by 20% of production's median, or 1 ms, whichever is larger: the absolute floor keeps
@@ -46,6 +47,8 @@ class CanaryConfig(BaseModel):
     failure_threshold: int = Field(default=1, ge=1, description="failed checks before the canary aborts")
     shadow: bool = Field(default=False, description="mirror production's requests instead of splitting them")
     after_rollback_s: float = Field(default=1.0, ge=0, description="traffic kept flowing after a rollback")
+    server: ServerSettings | None = Field(default=None, description="settings of the servers relctl starts; "
+                                          "default: each package's own")
     metrics: dict[str, MetricRule] = Field(default_factory=lambda: {
         k: MetricRule.model_validate(v) for k, v in DEFAULT_METRICS.items()})
 

@@ -106,7 +106,7 @@ def test_should_stop_wins_and_sets_the_candidate_to_zero(backend: str, tmp_path:
 
     def stop() -> str | None:
         calls["n"] += 1
-        return "production alias moved (rollback)" if calls["n"] > 5 else None
+        return "production alias moved (rollback)" if calls["n"] > 1 else None
 
     result = run_canary(url(backend, "1", 5, 1), url(backend, "2", 5, 1), quick(tmp_path), tmp_path,
                         should_stop=stop)

@@ -1,0 +1,174 @@
+"""`relctl canary`: judge a candidate against production under the same live traffic.
+
+Three ways to name the two sides (exactly one):
+    relctl canary --production-url A --candidate-url B     two endpoints relctl did not start
+    relctl canary --production PKG --candidate PKG          two package folders, each behind `relctl serve`
+    relctl canary MODEL [--version V]                       the registry's production and candidate versions;
+                                                            the aliases move at the outcome
+Exit 0 when the candidate passes, 1 when it fails, is inconclusive or is stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from release.canary.runner import CanaryResult, run_canary
+from release.canary.settings import CanaryConfig
+from release.cli_support import Ctx, emit, handled, json_option
+from release.errors import Blocked, ConfigError, InputError
+from release.serving.loadgen.bench import check_url
+from release.serving.process import ServerProcess
+
+
+def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConfig, Path | None]:
+    """The `gates.canary` block of `path` (default: the project's release.yaml, if any), else defaults."""
+    candidate = path or project_dir / "release.yaml"
+    if not candidate.is_file():
+        if path is not None:
+            raise InputError(f"{path}: no such file", hint="pass -c path/to/release.yaml, or omit -c for defaults")
+        return CanaryConfig(), None
+    try:
+        data = yaml.safe_load(candidate.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{candidate.name}: not valid YAML ({exc.__class__.__name__})",
+                          hint="check the indentation near the reported line") from exc
+    block = (data.get("gates") or {}).get("canary") if isinstance(data, dict) else None
+    try:
+        return CanaryConfig.model_validate(block or {}), candidate.parent
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{candidate.name}: gates.canary.{where}: {first['msg']}",
+                          hint="see docs/canary.md for the block's fields") from exc
+
+
+def apply_options(config: CanaryConfig, steps: str | None, step_requests: int | None, rate: float | None,
+                  dataset: Path | None, shadow: bool, confidence: float | None) -> CanaryConfig:
+    """Command-line options over the release.yaml block (validated the same way)."""
+    data: dict[str, Any] = config.model_dump()
+    if steps is not None:
+        try:
+            data["steps"] = [float(s) for s in steps.split(",") if s.strip()]
+        except ValueError as exc:
+            raise InputError(f"--steps {steps}: not a list of numbers", hint="e.g. --steps 10,25,50") from exc
+    for key, value in (("step_requests", step_requests), ("confidence", confidence)):
+        if value is not None:
+            data[key] = value
+    if shadow:
+        data["shadow"] = True
+    if rate is not None:
+        data["traffic"]["rate"] = rate
+    if dataset is not None:
+        data["traffic"]["dataset"] = str(dataset.resolve())
+    try:
+        return CanaryConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError(f"canary option {'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
+                         hint="see relctl canary --help") from exc
+
+
+@click.command("canary")
+@click.argument("model", required=False)
+@click.option("--production-url", help="Production's OpenAI-compatible endpoint (not started by relctl).")
+@click.option("--candidate-url", help="The candidate's OpenAI-compatible endpoint (not started by relctl).")
+@click.option("--production", "production_pkg", type=click.Path(path_type=Path), help="Production's package folder.")
+@click.option("--candidate", "candidate_pkg", type=click.Path(path_type=Path), help="The candidate's package folder.")
+@click.option("--version", "candidate_version", help="MODEL mode: put this version under canary (sets `candidate`).")
+@click.option("-c", "--config", "config_path", type=click.Path(path_type=Path),
+              help="release.yaml with a gates.canary block (default: the project's, else built-in defaults).")
+@click.option("--steps", help="Candidate share per step in percent, comma-separated, e.g. 10,25,50.")
+@click.option("--step-requests", type=int, help="Requests each check waits for.")
+@click.option("--rate", type=float, help="Requests per second through the router.")
+@click.option("--dataset", type=click.Path(path_type=Path), help="JSONL of prompts (with `expected`: quality).")
+@click.option("--shadow", is_flag=True, help="Mirror production's requests instead of splitting them.")
+@click.option("--confidence", type=float, help="Confidence of the shift intervals (default 0.98).")
+@click.option("--out", type=click.Path(path_type=Path), help="Evidence folder (default .relctl/canary/<time>).")
+@json_option
+@click.pass_obj
+@handled
+def canary_command(ctx: Ctx, model: str | None, production_url: str | None, candidate_url: str | None,
+                   production_pkg: Path | None, candidate_pkg: Path | None, candidate_version: str | None,
+                   config_path: Path | None, steps: str | None, step_requests: int | None, rate: float | None,
+                   dataset: Path | None, shadow: bool, confidence: float | None, out: Path | None,
+                   as_json: bool) -> None:
+    """Judge a candidate against production under the same live traffic; exit 1 unless it passes."""
+    ctx.as_json = as_json
+    config, base_dir = load_canary_config(config_path, ctx.project_dir)
+    config = apply_options(config, steps, step_requests, rate, dataset, shadow, confidence)
+    work = out or ctx.project_dir / ".relctl" / "canary" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    say = (lambda line: None) if (ctx.quiet or as_json) else (lambda line: click.echo(line, err=True))
+    modes = [production_url is not None or candidate_url is not None,
+             production_pkg is not None or candidate_pkg is not None, model is not None]
+    if sum(modes) != 1:
+        raise InputError("canary: name the two sides one way: URLs, package folders, or a MODEL",
+                         hint="e.g. relctl canary --production-url http://127.0.0.1:8000 --candidate-url http://127.0.0.1:8001")
+    extra: dict[str, Any] = {}
+    if model is not None:
+        from release.canary.registry_mode import run_model_canary
+
+        result, extra = run_model_canary(model, candidate_version, config, work, base_dir, ctx.project_dir, say)
+    elif modes[0]:
+        if production_url is None or candidate_url is None:
+            raise InputError("canary: --production-url and --candidate-url go together", hint="pass both")
+        check_url(production_url)
+        check_url(candidate_url)
+        result = run_canary(production_url, candidate_url, config, work, base_dir, progress=say)
+    else:
+        if production_pkg is None or candidate_pkg is None:
+            raise InputError("canary: --production and --candidate go together", hint="pass both package folders")
+        with served(production_pkg, candidate_pkg, work, config) as (prod_url, cand_url):
+            result = run_canary(prod_url, cand_url, config, work, base_dir, progress=say)
+    report = finish_report(result, work, extra)
+    emit(report, as_json, lambda: _print(result, report))
+    if not result.passed:
+        raise Blocked(f"canary {result.outcome}: {result.reason}",
+                      hint=f"per-metric tests and latency CDFs are in {work}")
+
+
+@contextlib.contextmanager
+def served(production: Path, candidate: Path, work: Path, config: CanaryConfig) -> Iterator[tuple[str, str]]:
+    """Both packages behind `relctl serve`, each on its own port of 127.0.0.1."""
+    from gates.canary import _server_config
+
+    for path in (production, candidate):
+        if not (path / "relctl-package.json").is_file():
+            raise InputError(f"{path}: not a relctl package (no relctl-package.json)",
+                             hint="pass a folder made by `relctl package` or promote")
+    work.mkdir(parents=True, exist_ok=True)
+    server_config = _server_config(work, config)
+    with ServerProcess(str(production), work / "production", config=server_config, project_dir=work) as prod, \
+         ServerProcess(str(candidate), work / "candidate", config=server_config, project_dir=work) as cand:
+        yield prod.url, cand.url
+
+
+def finish_report(result: CanaryResult, work: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """The gate-shaped report (evidence written under `work`) as JSON-ready data."""
+    from gates.canary import gate_result
+
+    gate = gate_result("canary", result, work, extra)
+    return {"status": gate.status, "reason": gate.reason, "metrics": gate.metrics,
+            "evidence": [str(p) for p in gate.evidence], **gate.details}
+
+
+def _print(result: CanaryResult, report: dict[str, Any]) -> None:
+    mark = "✓" if result.passed else "✗"
+    click.echo(f"{mark} canary {result.outcome}: {result.reason}")
+    for check in result.checks:
+        click.echo(f"  {check.label:<16} {check.weight:>5g}%  {check.judgement.verdict:<12} "
+                   f"score {check.judgement.score:.2f}  ({check.candidate_requests} candidate / "
+                   f"{check.production_requests} production requests)")
+    if result.rollback_s is not None and not result.passed:
+        click.echo(f"  candidate at 0% {result.rollback_s * 1000:.2f} ms after the failed check; "
+                   f"{result.candidate_after_rollback} requests to it afterwards")
+    click.echo(f"  evidence: {Path(report['evidence'][0]).parent}")
+
+

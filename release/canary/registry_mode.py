@@ -1,0 +1,67 @@
+"""`relctl canary MODEL`: production and candidate from the registry's aliases, the outcome moved back
+into them (release.canary.outcome), and a rollback during the canary winning over it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from release.canary.outcome import finish_canary, start_canary
+from release.canary.runner import CanaryResult, run_canary
+from release.canary.settings import CanaryConfig
+from release.errors import InputError, ReleaseError
+from release.registry import CANDIDATE, PRODUCTION, Registry
+from release.versions import fetch_package
+
+
+def production_moved(registry: Registry, model: str, production: str) -> Callable[[], str | None]:
+    """A should_stop for the runner: a reason once `production` no longer points at `production`."""
+
+    def check() -> str | None:
+        now = registry.aliases(model).get(PRODUCTION)
+        if now != production:
+            return f"production moved from v{production} to v{now} during the canary (the rollback wins)"
+        return None
+
+    return check
+
+
+def run_model_canary(model: str, candidate_version: str | None, config: CanaryConfig, work: Path,
+                     base_dir: Path | None, project_dir: Path, say: Callable[[str], None]
+                     ) -> tuple[CanaryResult, dict[str, Any]]:
+    """Serve production and candidate versions of `model`, run the canary, move the aliases."""
+    from release.api import open_registry
+    from release.canary.cli import served
+
+    registry = open_registry(project_dir)
+    registry.require_model(model)
+    aliases = registry.aliases(model)
+    production = aliases.get(PRODUCTION)
+    if production is None:
+        raise InputError(f"{model}: no production version to compare with",
+                         hint="a first release has nothing to canary against; promote it without the canary")
+    candidate = candidate_version or aliases.get(CANDIDATE)
+    if candidate is None:
+        raise InputError(f"{model}: no '{CANDIDATE}' alias", hint="pass --version V to put a version under canary")
+    if candidate == production:
+        raise InputError(f"{model}: v{candidate} already is production", hint="pass --version with another version")
+    registry.get_version(model, candidate)
+    packages = work / "packages"
+    prod_pkg = fetch_package(registry, model, production, packages).root
+    cand_pkg = fetch_package(registry, model, candidate, packages).root
+    if aliases.get(CANDIDATE) != candidate:
+        start_canary(registry, model, candidate)
+    say(f"canary {model}: v{candidate} against production v{production}")
+    try:
+        with served(prod_pkg, cand_pkg, work, config) as (prod_url, cand_url):
+            result = run_canary(prod_url, cand_url, config, work, base_dir,
+                                should_stop=production_moved(registry, model, production), progress=say)
+    except ReleaseError as exc:
+        registry.move_aliases(model, {CANDIDATE: None}, "canary-error", f"canary could not run: {exc.message}", None)
+        raise
+    move = finish_canary(registry, model, candidate, production, result)
+    extra = {"model": model, "production_version": production, "candidate_version": candidate,
+             "alias_move": json.loads(move.to_json()) if move is not None else None}
+    return result, extra
