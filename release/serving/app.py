@@ -1,18 +1,19 @@
 """The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions (SSE or whole), /v1/models,
-/health and /metrics. Every response carries the served model, version and serving-config hash."""
+/health, /metrics and /openapi.json. Every response carries the served model, version and serving-config
+hash. A request is validated (4xx naming the field), admitted (429 when full), then handed to a Run."""
 
 from __future__ import annotations
 
-import json
+import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,18 +23,14 @@ from release.serving.parsing import parse_body
 from release.serving.protocol import (
     ChatRequest,
     CompletionRequest,
-    GenerationParams,
     RequestProblem,
     SamplingFields,
     check_params,
-    chunk_body,
-    completion_body,
     completion_prompt,
     new_id,
-    sse,
-    usage,
 )
 from release.serving.requestlog import RequestLog
+from release.serving.runs import Prepared, Run, RunStream
 
 log = logging.getLogger("relctl.serve")
 
@@ -44,19 +41,12 @@ class ServerState:
     identity: Identity
     metrics: ServerMetrics
     request_log: RequestLog
+    served_name: str = ""  # the `model` clients send and see (--served-model-name); default model:version
+    api_key: str | None = None  # when set, every path but /health needs `Authorization: Bearer <key>`
 
-
-@dataclass(frozen=True)
-class Prepared:
-    """A validated request, ready for admission."""
-
-    endpoint: str
-    chat: bool
-    stream: bool
-    include_usage: bool
-    prompt: str
-    prompt_ids: list[int]
-    params: GenerationParams
+    @property
+    def model_name(self) -> str:
+        return self.served_name or self.identity.model_id
 
 
 def create_app(state: ServerState) -> ASGIApp:
@@ -79,10 +69,16 @@ def create_app(state: ServerState) -> ASGIApp:
 
     async def models(_: Request) -> Response:
         ident = state.identity
-        card = {"id": ident.model_id, "object": "model", "created": 0, "owned_by": "relctl",
+        card = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "relctl",
                 "root": ident.name, "version": ident.version, "serving_config": ident.serving_config,
                 "max_model_len": state.engine.context_length}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def openapi(_: Request) -> Response:
+        from release.serving.openapi import openapi_schema
+
+        return JSONResponse(openapi_schema(state.identity, state.engine.settings, state.engine.limits,
+                                           state.model_name, auth=state.api_key is not None))
 
     async def completions(request: Request) -> Response:
         return await answer(state, request, chat=False)
@@ -93,12 +89,40 @@ def create_app(state: ServerState) -> ASGIApp:
     app = Starlette(
         routes=[
             Route("/health", health), Route("/metrics", metrics), Route("/v1/models", models),
+            Route("/openapi.json", openapi),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
         ],
         lifespan=lifespan,
     )
-    return IdentityHeaders(app, state.identity)
+    guarded: ASGIApp = app if state.api_key is None else BearerAuth(app, state.api_key, state.metrics)
+    return IdentityHeaders(guarded, state.identity)
+
+
+class BearerAuth:
+    """`Authorization: Bearer <key>` on every path but /health (probes carry no credentials); 401 otherwise.
+    The key is compared in constant time, so response timing does not reveal how much of a guess matched."""
+
+    OPEN = frozenset({"/health"})
+
+    def __init__(self, app: ASGIApp, key: str, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.OPEN:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        self.metrics.rejected.labels("unauthorized").inc()
+        problem = RequestProblem("authorization", "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                                 status=401)
+        response = JSONResponse(problem.body(), status_code=401, headers={"WWW-Authenticate": 'Bearer realm="relctl"'})
+        await response(scope, receive, send)
 
 
 class IdentityHeaders:
@@ -182,8 +206,8 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
         raise RequestProblem("body", f"larger than this server's limit of {settings.max_body_bytes} bytes")
     req: SamplingFields = parse_body(raw, ChatRequest if chat else CompletionRequest)
     ident = state.identity
-    if req.model is not None and req.model not in (ident.model_id, ident.name):
-        raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{ident.model_id}'",
+    if req.model is not None and req.model not in (state.model_name, ident.model_id, ident.name):
+        raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{state.model_name}'",
                              status=400)
     params = check_params(req, settings, engine.limits)
     if isinstance(req, ChatRequest):
@@ -210,131 +234,3 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
             f"of {engine.context_length} tokens")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params)
-
-
-class RunStream(StreamingResponse):
-    """The SSE response of one run. However the response ends (finished, client gone before or during
-    the stream, shutdown) the generation is stopped and the admission slot is given back exactly once."""
-
-    def __init__(self, run: Run, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> None:
-        self.run = run
-        self.events = events
-        super().__init__(run.stream(first, events), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            body = self.body_iterator
-            if isinstance(body, AsyncGenerator):
-                await body.aclose()
-            if not self.run.done:
-                await self.events.aclose()
-                self.run.finish(None, "499")
-
-
-class Run:
-    """One admitted request: turns engine events into a response, then records metrics and the log line."""
-
-    def __init__(self, state: ServerState, prepared: Prepared, arrived: float, rid: str) -> None:
-        self.done = False
-        self.state = state
-        self.p = prepared
-        self.arrived = arrived
-        self.rid = rid
-        self.first_token_at: float | None = None
-        self.pieces: list[str] = []
-
-    async def stream(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> AsyncIterator[bytes]:
-        model, chat = self.state.identity.model_id, self.p.chat
-        finished: Finished | None = None
-        try:
-            async with aclosing(events) as rest:
-                event: str | Finished = first
-                is_first = True
-                while True:
-                    if isinstance(event, Finished):
-                        finished = event
-                        break
-                    self.note(event)
-                    yield sse(chunk_body(self.rid, model, event, None, chat, is_first))
-                    is_first = False
-                    event = await anext(rest)
-            yield from_finish(self, finished, is_first)
-            if finished.reason in ("timeout", "error"):
-                return
-            if self.p.include_usage:
-                body = chunk_body(self.rid, model, None, None, chat, False)
-                body["choices"] = []
-                body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
-                yield sse(body)
-            yield sse("[DONE]")
-        finally:
-            self.finish(finished, "499" if finished is None else self.code(finished))
-
-    async def whole(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> Response:
-        finished: Finished | None = None
-        try:
-            async with aclosing(events) as rest:
-                event: str | Finished = first
-                while not isinstance(event, Finished):
-                    self.note(event)
-                    event = await anext(rest)
-                finished = event
-        finally:
-            self.finish(finished, "499" if finished is None else self.code(finished))
-        if finished.reason in ("timeout", "error"):
-            problem = self.problem(finished)
-            return JSONResponse(problem.body(), status_code=problem.status)
-        body = completion_body(self.rid, self.state.identity.model_id, "".join(self.pieces), finished.reason, self.p.chat)
-        body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
-        return Response(json.dumps(body), media_type="application/json")
-
-    @staticmethod
-    def code(finished: Finished) -> str:
-        return {"timeout": "504", "error": "500"}.get(finished.reason, "200")
-
-    def problem(self, finished: Finished) -> RequestProblem:
-        """The error a timed-out or failed generation answers with (a body, or the stream's last event)."""
-        if finished.reason == "timeout":
-            where = "before the first token (queue wait + prefill)" if self.first_token_at is None else ""
-            return RequestProblem("request", f"timed out {where or 'during generation'}", status=504)
-        return RequestProblem("server", f"generation failed ({finished.error}); request id {self.rid}", status=500)
-
-    def note(self, piece: str) -> None:
-        if self.first_token_at is None:
-            self.first_token_at = time.monotonic()
-        self.pieces.append(piece)
-
-    def finish(self, finished: Finished | None, code: str) -> None:
-        if self.done:
-            return
-        self.done = True
-        state, now = self.state, time.monotonic()
-        state.engine.release()
-        m = state.metrics
-        m.requests.labels(self.p.endpoint, code).inc()
-        m.prompt_tokens.inc(len(self.p.prompt_ids))
-        if finished is not None:
-            m.output_tokens.inc(finished.output_tokens)
-            m.queue_wait.observe(finished.queue_s)
-            if finished.reason == "error":
-                m.errors.labels("generation").inc()
-        if self.first_token_at is not None:
-            m.ttft.observe(self.first_token_at - self.arrived)
-        m.e2e.observe(now - self.arrived)
-        record = {"id": self.rid, "endpoint": self.p.endpoint, "model": state.identity.model_id,
-                  "serving_config": state.identity.serving_config, "status": code,
-                  "finish_reason": finished.reason if finished else None,
-                  "prompt_tokens": len(self.p.prompt_ids),
-                  "output_tokens": finished.output_tokens if finished else None,
-                  "latency_s": round(now - self.arrived, 6)}
-        state.request_log.write(record, self.p.prompt, "".join(self.pieces))
-
-
-def from_finish(run: Run, finished: Finished, is_first: bool) -> bytes:
-    """The closing chunk: finish_reason, or an error event when the request timed out or failed mid-stream."""
-    if finished.reason in ("timeout", "error"):
-        return sse(run.problem(finished).body())
-    return sse(chunk_body(run.rid, run.state.identity.model_id, None, finished.reason, run.p.chat, is_first))

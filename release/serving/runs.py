@@ -1,0 +1,161 @@
+"""One admitted request turned into a response: the SSE stream or the whole JSON body, then its metrics
+and its request-log line, exactly once however the response ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from release.serving.engine import Finished
+from release.serving.protocol import GenerationParams, RequestProblem, chunk_body, completion_body, sse, usage
+
+if TYPE_CHECKING:
+    from release.serving.app import ServerState
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready for admission."""
+
+    endpoint: str
+    chat: bool
+    stream: bool
+    include_usage: bool
+    prompt: str
+    prompt_ids: list[int]
+    params: GenerationParams
+
+
+class RunStream(StreamingResponse):
+    """The SSE response of one run. However the response ends (finished, client gone before or during
+    the stream, shutdown) the generation is stopped and the admission slot is given back exactly once."""
+
+    def __init__(self, run: Run, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> None:
+        self.run = run
+        self.events = events
+        super().__init__(run.stream(first, events), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
+            if not self.run.done:
+                await self.events.aclose()
+                self.run.finish(None, "499")
+
+
+class Run:
+    """One admitted request: turns engine events into a response, then records metrics and the log line."""
+
+    def __init__(self, state: ServerState, prepared: Prepared, arrived: float, rid: str) -> None:
+        self.done = False
+        self.state = state
+        self.p = prepared
+        self.arrived = arrived
+        self.rid = rid
+        self.first_token_at: float | None = None
+        self.pieces: list[str] = []
+
+    async def stream(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> AsyncIterator[bytes]:
+        model, chat = self.state.model_name, self.p.chat
+        finished: Finished | None = None
+        try:
+            async with aclosing(events) as rest:
+                event: str | Finished = first
+                is_first = True
+                while True:
+                    if isinstance(event, Finished):
+                        finished = event
+                        break
+                    self.note(event)
+                    yield sse(chunk_body(self.rid, model, event, None, chat, is_first))
+                    is_first = False
+                    event = await anext(rest)
+            yield from_finish(self, finished, is_first)
+            if finished.reason in ("timeout", "error"):
+                return
+            if self.p.include_usage:
+                body = chunk_body(self.rid, model, None, None, chat, False)
+                body["choices"] = []
+                body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
+                yield sse(body)
+            yield sse("[DONE]")
+        finally:
+            self.finish(finished, "499" if finished is None else self.code(finished))
+
+    async def whole(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> Response:
+        finished: Finished | None = None
+        try:
+            async with aclosing(events) as rest:
+                event: str | Finished = first
+                while not isinstance(event, Finished):
+                    self.note(event)
+                    event = await anext(rest)
+                finished = event
+        finally:
+            self.finish(finished, "499" if finished is None else self.code(finished))
+        if finished.reason in ("timeout", "error"):
+            problem = self.problem(finished)
+            return JSONResponse(problem.body(), status_code=problem.status)
+        body = completion_body(self.rid, self.state.model_name, "".join(self.pieces), finished.reason, self.p.chat)
+        body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
+        return Response(json.dumps(body), media_type="application/json")
+
+    @staticmethod
+    def code(finished: Finished) -> str:
+        return {"timeout": "504", "error": "500"}.get(finished.reason, "200")
+
+    def problem(self, finished: Finished) -> RequestProblem:
+        """The error a timed-out or failed generation answers with (a body, or the stream's last event)."""
+        if finished.reason == "timeout":
+            where = "before the first token (queue wait + prefill)" if self.first_token_at is None else ""
+            return RequestProblem("request", f"timed out {where or 'during generation'}", status=504)
+        return RequestProblem("server", f"generation failed ({finished.error}); request id {self.rid}", status=500)
+
+    def note(self, piece: str) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.pieces.append(piece)
+
+    def finish(self, finished: Finished | None, code: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        state, now = self.state, time.monotonic()
+        state.engine.release()
+        m = state.metrics
+        m.requests.labels(self.p.endpoint, code).inc()
+        m.prompt_tokens.inc(len(self.p.prompt_ids))
+        if finished is not None:
+            m.output_tokens.inc(finished.output_tokens)
+            m.queue_wait.observe(finished.queue_s)
+            if finished.reason == "error":
+                m.errors.labels("generation").inc()
+        if self.first_token_at is not None:
+            m.ttft.observe(self.first_token_at - self.arrived)
+        m.e2e.observe(now - self.arrived)
+        record = {"id": self.rid, "endpoint": self.p.endpoint, "model": state.identity.model_id,
+                  "serving_config": state.identity.serving_config, "status": code,
+                  "finish_reason": finished.reason if finished else None,
+                  "prompt_tokens": len(self.p.prompt_ids),
+                  "output_tokens": finished.output_tokens if finished else None,
+                  "latency_s": round(now - self.arrived, 6)}
+        state.request_log.write(record, self.p.prompt, "".join(self.pieces))
+
+
+def from_finish(run: Run, finished: Finished, is_first: bool) -> bytes:
+    """The closing chunk: finish_reason, or an error event when the request timed out or failed mid-stream."""
+    if finished.reason in ("timeout", "error"):
+        return sse(run.problem(finished).body())
+    return sse(chunk_body(run.rid, run.state.model_name, None, finished.reason, run.p.chat, is_first))
