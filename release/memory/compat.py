@@ -1,4 +1,5 @@
-"""Serving memory: an estimate everywhere, a measurement where a CUDA GPU exists.
+"""The validate stage's serving-memory estimate from the `serving:` block (kept for promote; the richer
+plan is release.memory.verdict.make_plan).
 
 Per replica: weights + KV cache + workspace, where
     KV cache  = 2 (K and V) x layers x kv_heads x head_dim x bytes per element x concurrency x context_tokens

@@ -1,0 +1,33 @@
+"""Serving memory: the plan (weights + KV cache + workspace + runtime overhead + rollout overlap) for a
+package or a config.json on a target, what would fit instead, and measurements to check it against.
+
+plan.py       the formula (Target, ModelSpec, breakdown, max_concurrency, max_context)
+verdict.py    make_plan / load_spec: the whole plan with alternatives, as `relctl plan` and the gate show it
+shape.py      a config.json's shape, parameter count and onnxruntime-genai builder layout
+package.py    a built package's initializer bytes, precision, KV dtype and provider
+catalogue.py  the GPU catalogue (gpus.json + release.yaml additions)
+measure.py    RSS / device memory and cold start, in worker processes (worker.py)
+gpu_env.py    one ONNX Runtime build per environment; the CUDA provider really in use
+compat.py     the validate stage's estimate from `serving:` (estimate_memory), kept for promote
+"""
+
+from __future__ import annotations
+
+from release.memory.compat import (
+    GIB,
+    MemoryEstimate,
+    MemoryMeasurement,
+    estimate_memory,
+    folder_kv_dtype_bytes,
+    folder_weights_bytes,
+    kv_geometry,
+    measure_memory,
+)
+from release.memory.plan import Breakdown, ModelSpec, Target, breakdown
+from release.memory.verdict import MemoryPlan, load_spec, make_plan
+
+__all__ = [
+    "GIB", "Breakdown", "MemoryEstimate", "MemoryMeasurement", "MemoryPlan", "ModelSpec", "Target", "breakdown",
+    "estimate_memory", "folder_kv_dtype_bytes", "folder_weights_bytes", "kv_geometry", "load_spec", "make_plan",
+    "measure_memory",
+]

@@ -1,0 +1,99 @@
+"""`relctl plan`: will this package (or config.json, before anything is built) fit the target, and if not,
+what would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import click
+
+from release.cli_support import Ctx, emit, handled, json_option
+from release.errors import InputError
+from release.memory.catalogue import find_gpu, load_catalogue
+from release.memory.plan import GIB, KV_DTYPE_BYTES, Target
+from release.memory.settings import project_catalogue
+from release.memory.shape import PRECISIONS, Precision, Provider
+from release.memory.verdict import MemoryPlan, load_spec, make_plan
+
+
+def _project_dir() -> Path:
+    ctx = click.get_current_context().find_object(Ctx)
+    return Path(ctx.project_dir if ctx is not None else ".")
+
+
+@click.command("plan")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("--gpu", "gpu_name", help="GPU name from the catalogue (e.g. H100-80GB, A100-40GB, L4).")
+@click.option("--memory-gib", type=float, help="Device memory in GiB, instead of --gpu.")
+@click.option("--concurrency", type=int, required=True, help="Concurrent sequences per replica.")
+@click.option("--context", type=int, required=True, help="Context tokens per sequence (prompt + output).")
+@click.option("--precision", type=click.Choice(PRECISIONS), help="Precision to plan (default: the package's; fp16).")
+@click.option("--gpus", type=int, default=1, show_default=True, help="Devices per replica.")
+@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPE_BYTES)), help="KV cache dtype (default: the model's).")
+@click.option("--prefill-tokens", type=int, help="Prompt tokens per sequence in one prefill (default: context).")
+@click.option("--headroom", type=float, default=0.10, show_default=True, help="Share of memory kept free.")
+@click.option("--provider", type=click.Choice(["cuda", "cpu"]), help="Execution provider (default: cuda with --gpu).")
+@click.option("--no-overlap", is_flag=True, help="Old and new replicas do not share the devices in a rollout.")
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path), help="Write memory vs concurrency (PNG).")
+@json_option
+@handled
+def plan_command(source: Path, gpu_name: str | None, memory_gib: float | None, concurrency: int, context: int,
+                 precision: str | None, gpus: int, kv_dtype: str | None, prefill_tokens: int | None,
+                 headroom: float, provider: str | None, no_overlap: bool, plot_file: Path | None,
+                 as_json: bool) -> None:
+    """Memory plan of SOURCE (a package folder or a Hugging Face config.json) on a target: weights, KV
+    cache, workspace, overhead and rollout overlap; the verdict; the largest concurrency and context that
+    fit; the precision that fits. Exit 0 fits, 1 does not fit, 2 bad input."""
+    ctx = click.get_current_context().find_object(Ctx)
+    if ctx is not None:
+        ctx.as_json = as_json
+    target = _target(gpu_name, memory_gib, concurrency, context, gpus, kv_dtype, prefill_tokens, headroom,
+                     cast(Provider, provider or ("cuda" if gpu_name else "cpu")), not no_overlap)
+    spec = load_spec(source, cast(Precision | None, precision), target.provider)
+    plan = make_plan(spec, target)
+    data = plan.to_dict()
+    if plot_file is not None:
+        from release.memory.plot import plot_plan
+
+        data["plot"] = str(plot_plan(plan, plot_file))
+    emit(data, as_json, lambda: _print(plan, data.get("plot")))
+    if not plan.fits:
+        raise SystemExit(1)
+
+
+def _target(gpu_name: str | None, memory_gib: float | None, concurrency: int, context: int, gpus: int,
+            kv_dtype: str | None, prefill_tokens: int | None, headroom: float, provider: Provider,
+            overlap: bool) -> Target:
+    if (gpu_name is None) == (memory_gib is None):
+        raise InputError("give exactly one of --gpu NAME or --memory-gib SIZE",
+                         hint="e.g. --gpu H100-80GB, or --memory-gib 80")
+    name, price = None, None
+    if gpu_name is not None:
+        gpu = find_gpu(gpu_name, load_catalogue(project_catalogue(_project_dir() / "release.yaml")))
+        name, memory_gib, price = gpu.name, gpu.memory_gib, gpu.price_per_hour
+    assert memory_gib is not None
+    return Target(memory_gib=memory_gib, concurrency=concurrency, context=context, gpus=gpus, provider=provider,
+                  kv_dtype=kv_dtype, prefill_tokens=prefill_tokens, headroom=headroom, rollout_overlap=overlap,
+                  gpu_name=name, price_per_hour=price)
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:9.2f} GiB"
+
+
+def _print(plan: MemoryPlan, plot: Any) -> None:
+    b, t = plan.breakdown, plan.target
+    click.echo(f"{plan.spec.precision} weights from {'the package' if plan.spec.weights_source == 'package' else 'config.json'}"
+               f", {t.concurrency} x {t.context} tokens on {t.gpus} x {t.gpu_name or f'{t.memory_gib:g} GiB'}")
+    for label, value in (("weights", b.weights), ("KV cache", b.kv_cache), ("workspace", b.workspace),
+                         ("overhead", b.overhead), ("rollout overlap", b.overlap), ("peak", b.peak),
+                         ("budget", b.budget), ("capacity", b.capacity), ("headroom", b.headroom_bytes)):
+        click.echo(f"  {label:16s}{_gib(value)}")
+    click.echo(("✓ " if plan.fits else "✗ ") + plan.summary())
+    for alt in plan.alternatives:
+        click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {alt.peak_bytes / GIB:9.2f} GiB, "
+                   f"max concurrency {alt.max_concurrency} at {t.context}, max context {alt.max_context} "
+                   f"at {t.concurrency}")
+    if plot:
+        click.echo(f"plot: {plot}")

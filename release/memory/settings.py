@@ -1,0 +1,74 @@
+"""`gates.memory` in release.yaml: the target the memory gate plans for, the cold-start bound, and the
+user's GPU catalogue additions (also read by `relctl plan`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from release.errors import ConfigError
+from release.memory.catalogue import GpuSpec, find_gpu, load_catalogue
+from release.memory.plan import KV_DTYPE_BYTES, Target
+from release.memory.shape import Provider
+
+
+class MemoryConfig(BaseModel):
+    """The memory gate's block. Give `gpu` (a catalogue name) or `memory_gib`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: str | None = Field(default=None, description="GPU name from the catalogue (relctl plan --help lists them)")
+    memory_gib: float | None = Field(default=None, gt=0, description="device memory, instead of a GPU name")
+    gpus: int = Field(default=1, ge=1, description="devices per replica")
+    concurrency: int = Field(default=8, ge=1, description="concurrent sequences per replica")
+    context: int = Field(default=512, ge=1, description="context tokens per sequence (genai's max_length)")
+    kv_dtype: str | None = Field(default=None, description="KV cache dtype; default: the package's own")
+    prefill_tokens: int | None = Field(default=None, ge=1, description="prompt tokens per sequence; default: context")
+    provider: Provider | None = Field(default=None, description="default: cuda for a GPU, else the package's own")
+    headroom: float = Field(default=0.10, ge=0, lt=1, description="share of memory the plan keeps free")
+    rollout_overlap: bool = Field(default=True, description="old and new replicas share the devices in a rollout")
+    catalogue: dict[str, GpuSpec] = Field(default_factory=dict, description="GPUs to add or override")
+    cold_start: bool = Field(default=True, description="measure load time and first-token time")
+    max_cold_start_ratio: float = Field(default=1.5, gt=0, description="candidate / production cold start")
+    cold_start_slack_s: float = Field(default=0.25, ge=0, description="absolute slack added to the bound")
+    cold_start_repeats: int = Field(default=3, ge=1, le=20)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> MemoryConfig:
+        if (self.gpu is None) == (self.memory_gib is None):
+            raise ValueError("give exactly one of 'gpu' (a catalogue name) or 'memory_gib'")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPE_BYTES:
+            raise ValueError(f"kv_dtype '{self.kv_dtype}' is not one of {', '.join(KV_DTYPE_BYTES)}")
+        return self
+
+    def target(self, package_provider: Provider) -> Target:
+        """The Target this block describes (GPU names resolved against the catalogue with its additions)."""
+        name, memory, price = None, self.memory_gib, None
+        if self.gpu is not None:
+            gpu = find_gpu(self.gpu, load_catalogue(self.catalogue))
+            name, memory, price = gpu.name, gpu.memory_gib, gpu.price_per_hour
+        provider = self.provider or ("cuda" if self.gpu is not None else package_provider)
+        assert memory is not None  # one of gpu / memory_gib, checked above
+        return Target(memory_gib=memory, concurrency=self.concurrency, context=self.context, gpus=self.gpus,
+                      provider=provider, kv_dtype=self.kv_dtype, prefill_tokens=self.prefill_tokens,
+                      headroom=self.headroom, rollout_overlap=self.rollout_overlap, gpu_name=name,
+                      price_per_hour=price)
+
+
+def project_catalogue(config_file: Path) -> dict[str, GpuSpec]:
+    """`gates.memory.catalogue` of a release.yaml (empty when the file or the block is absent)."""
+    if not config_file.is_file():
+        return {}
+    try:
+        data: Any = yaml.safe_load(config_file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{config_file.name}: invalid YAML", hint="fix the YAML syntax") from exc
+    block = ((data.get("gates") or {}).get("memory") or {}).get("catalogue") or {} if isinstance(data, dict) else {}
+    try:
+        return {str(name): GpuSpec.model_validate(spec) for name, spec in block.items()}
+    except (ValidationError, AttributeError) as exc:
+        raise ConfigError(f"{config_file.name}: gates.memory.catalogue is invalid",
+                          hint="each GPU needs memory_gib (> 0) and may give price_per_hour") from exc
