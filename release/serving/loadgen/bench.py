@@ -11,7 +11,15 @@ from release.errors import InputError
 from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.context import discover
 from release.serving.loadgen.plots import plot_cdfs, plot_latency_vs_rate
-from release.serving.loadgen.runner import RunResult, Traffic, compare, sweep, write_json, write_records
+from release.serving.loadgen.runner import (
+    RunResult,
+    Traffic,
+    compare,
+    plan_traffic,
+    sweep,
+    write_json,
+    write_records,
+)
 from release.serving.loadgen.segments import Segment, read_segment, start_offset, union_records
 from release.serving.loadgen.summary import SLOs, check_slos, summarize
 
@@ -47,12 +55,13 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
         start_offset(start_at)
     for url in urls:
         check_url(url)
+    if traffic.trace is not None or traffic.dataset is not None:
+        plan_traffic(traffic, base_dir=base_dir)  # a bad file is reported before any endpoint is contacted
     infos = {url: discover(url) for url in urls}
     contexts = [info.max_model_len for info in infos.values() if info.max_model_len is not None]
     context = min(contexts) if contexts else None
     endpoints = {_label(i, url, len(urls)): replace(client, base_url=url, model=client.model or infos[url].model)
                  for i, url in enumerate(urls)}
-    out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"traffic": traffic.model_dump(), "slos": slos.model_dump(),
                               "client": _client_json(client), "max_model_len": context}
     if do_sweep:
@@ -61,6 +70,7 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
                        max_model_len=context)
         runs = result.steps
         best = result.best
+        out_dir.mkdir(parents=True, exist_ok=True)
         report.update(kind="sweep", best_rate=best.rate if best else None,
                       best=best.to_json() if best else None)
         report["plots"] = [str(plot_latency_vs_rate(runs, out_dir / "latency-vs-rate.png")),
@@ -68,6 +78,7 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
     else:
         runs, digest, planned = compare(endpoints, traffic, slos, base_dir=base_dir, max_model_len=context,
                                segment=segment, start_at=start_at)
+        out_dir.mkdir(parents=True, exist_ok=True)
         report.update(kind="compare" if len(runs) > 1 else "run", plan_digest=digest, plan_requests=planned,
                       plots=[str(plot_cdfs(runs, out_dir / "latency-cdf.png"))])
         if segment is not None:
