@@ -25,10 +25,11 @@ def test_bench_cli_runs_compares_and_writes_evidence(delay_server: str, tmp_path
     result = CliRunner().invoke(bench_command, [
         f"{delay_server}/d/10/2", "--compare", f"{delay_server}/d/30/2", "--rate", "40",
         "--requests", "60", "--dataset", str(write_dataset(tmp_path / "data.jsonl")), "--out", str(out), "--json",
-        "--slo", "ttft_p99_ms=1000"])
+        "--slo", "ttft_p99_ms=1000", "--temperature", "0.7"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["kind"] == "compare" and len(report["runs"]) == 2
+    assert report["client"]["temperature"] == 0.7
     fast, slow = (run["summary"] for run in report["runs"])
     assert fast["completed"] == slow["completed"] == 60
     assert fast["ttft_ms"]["p50"] + 15 < slow["ttft_ms"]["p50"]

@@ -56,6 +56,11 @@ def test_late_sends_are_measured_from_their_scheduled_time(delay_server: str) ->
         assert rec.ttft_s == pytest.approx(delay + 0.100, abs=0.015)
         assert rec.queue_s == pytest.approx(delay, abs=0.015)
     summary = summarize(records, 50.0, SLOs())
+    # The achieved rate is what went out on the wire: one slot and a ~100 ms server allow ~10 req/s,
+    # not the 50 req/s at which the dispatcher handed requests to the queue.
+    sent = sorted(r.sent_s for r in records)
+    assert summary["achieved_rate"] == pytest.approx((n - 1) / (sent[-1] - sent[0]))
+    assert 7.0 < summary["achieved_rate"] < 10.5
     assert summary["ttft_ms"]["p99"] > 900
     assert summary["client_queue_ms"]["p99"] > 800
     assert summary["client_lag_ms"]["p50"] < 2.0  # the dispatcher itself stayed on time

@@ -11,8 +11,8 @@ import pytest
 from release.errors import InputError
 from release.serving.engine import StopMatcher
 from release.serving.loadgen.arrivals import load_trace, plan_arrivals, scale_trace
-from release.serving.loadgen.client import Record
-from release.serving.loadgen.dataset import draw_samples, load_dataset
+from release.serving.loadgen.client import ClientOptions, Record, request_body
+from release.serving.loadgen.dataset import Sample, draw_samples, load_dataset
 from release.serving.loadgen.runner import Traffic, plan_traffic
 from release.serving.loadgen.summary import SLOs, check_slos, summarize
 
@@ -97,3 +97,13 @@ def test_stop_matcher_never_streams_part_of_a_stop_string() -> None:
     matcher = StopMatcher(("END",))
     out = [matcher.feed(p) for p in ("abc", "E", "N", "x", "yE", "ND", "zzz")]
     assert out == [("abc", False), ("", False), ("", False), ("ENx", False), ("y", False), ("", True), ("zzz", False)]
+
+
+def test_request_body_carries_the_temperature_and_synthetic_lengths_follow_output_tokens() -> None:
+    opts = ClientOptions(base_url="http://127.0.0.1:1", model="m", temperature=0.7)
+    body = request_body(Sample("hi", None, 5), opts)
+    assert body["temperature"] == 0.7 and body["max_tokens"] == 5 and body["model"] == "m"
+    _, samples = plan_traffic(Traffic(requests=200, output_tokens=32))
+    assert {s.output_tokens for s in samples} == {32}  # what --help says: every synthetic request asks for 32
+    _, sized = plan_traffic(Traffic(requests=200, output_tokens=32), max_model_len=128)
+    assert max(len(s.prompt) for s in sized) <= 128 - 32 - 4 < max(len(s.prompt) for s in samples)
