@@ -1,0 +1,283 @@
+"""`relctl webhook` against MLflow's own webhook delivery: a real `mlflow server` (SQLite) on 127.0.0.1
+delivers model-registry events to the receiver, which starts one promote per version tagged for release.
+
+The refusals (bad signature, old timestamp, replayed delivery id) are signed exactly as MLflow's delivery
+code signs them (`mlflow.webhooks.delivery._generate_hmac_signature`, MLflow's own function) and sent
+with the same headers; each is 401 and starts nothing. The "promote" is a small script that writes a
+marker file per start, so the test counts starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from cryptography.fernet import Fernet
+from mlflow import MlflowClient
+from mlflow.webhooks.delivery import _generate_hmac_signature
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from release.webhook import sign
+
+SECRET = "shared-secret-for-tests"
+RELCTL = Path(sys.executable).parent / "relctl"
+MARKER_SCRIPT = """import json, pathlib, sys, time, uuid
+out = pathlib.Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+(out / f"{time.time_ns()}-{uuid.uuid4().hex}.json").write_text(json.dumps(sys.argv[2:]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, ok: Callable[[], bool], proc: subprocess.Popen[bytes] | None, log: Path,
+             timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if ok():
+                return
+        except (httpx.HTTPError, OSError, ValueError):
+            pass
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not ready within {timeout_s} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`mlflow server` on SQLite, allowed to deliver webhooks over http to 127.0.0.1 (test-only settings)."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_WEBHOOK_ALLOWED_SCHEMES": "http", "MLFLOW_WEBHOOK_ALLOW_PRIVATE_IPS": "true",
+           "MLFLOW_WEBHOOK_SECRET_ENCRYPTION_KEY": Fernet.generate_key().decode(), "MLFLOW_WEBHOOK_CACHE_TTL": "1",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
+        env.pop(key, None)
+    log = root / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                                 f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root", (root / "art").as_uri(),
+                                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("mlflow server", lambda: httpx.get(f"{uri}/health", timeout=2).status_code == 200, proc, log)
+        yield uri
+    finally:
+        stop(proc)
+
+
+@dataclass
+class Receiver:
+    url: str
+    markers: Path
+    log: Path
+
+    def starts(self) -> list[list[str]]:
+        if not self.markers.is_dir():
+            return []
+        return [json.loads(p.read_text()) for p in sorted(self.markers.iterdir())]
+
+
+def start_receiver(root: Path, tracking_uri: str, *args: str, env: dict[str, str] | None = None,
+                   ) -> tuple[subprocess.Popen[bytes], Receiver]:
+    root.mkdir(parents=True, exist_ok=True)
+    script = root / "marker.py"
+    script.write_text(MARKER_SCRIPT)
+    markers = root / "markers"
+    ready = root / "ready.json"
+    log = root / "webhook.log"
+    command = f"{sys.executable} {script} {markers} {{run_id}} {{model}} {{version}}"
+    full_env = {**os.environ, "RELCTL_WEBHOOK_SECRET": SECRET, "MLFLOW_TRACKING_URI": tracking_uri, **(env or {})}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(RELCTL), "--project-dir", str(root), "webhook", "--port", "0",
+                                 "--ready-file", str(ready), *(args or ("--command", command))],
+                                env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for("relctl webhook", lambda: ready.is_file() and httpx.get(
+        json.loads(ready.read_text())["url"] + "health", timeout=2).status_code == 200, proc, log)
+    return proc, Receiver(json.loads(ready.read_text())["url"], markers, log)
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory, tracking_uri: str) -> Iterator[Receiver]:
+    proc, rec = start_receiver(tmp_path_factory.mktemp("receiver"), tracking_uri)
+    try:
+        yield rec
+    finally:
+        stop(proc)
+
+
+def mlflow_delivery(entity: str, action: str, data: dict[str, Any], timestamp: int | None = None,
+                    delivery_id: str | None = None, secret: str = SECRET) -> tuple[bytes, dict[str, str]]:
+    """Body and headers exactly as mlflow/webhooks/delivery.py's _send_webhook_request builds them."""
+    payload = json.dumps({"entity": entity, "action": action, "timestamp": "2026-01-01T00:00:00+00:00",
+                          "data": data})
+    delivery_id = delivery_id or str(uuid.uuid4())
+    ts = str(int(time.time()) if timestamp is None else timestamp)
+    headers = {"Content-Type": "application/json", "X-MLflow-Delivery-Id": delivery_id, "X-MLflow-Timestamp": ts,
+               "X-MLflow-Signature": _generate_hmac_signature(secret, delivery_id, ts, payload)}
+    return payload.encode("utf-8"), headers
+
+
+def created(model: str, version: str, run_id: str, tagged: bool = True) -> dict[str, Any]:
+    return {"name": model, "version": version, "source": f"runs:/{run_id}/model", "run_id": run_id,
+            "tags": {"relctl.release": "true"} if tagged else {}, "description": None}
+
+
+def wait_starts(rec: Receiver, count: int, timeout_s: float = 30) -> list[list[str]]:
+    deadline = time.monotonic() + timeout_s
+    while len(rec.starts()) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)  # a second, duplicate start would have shown up by now
+    return rec.starts()
+
+
+def test_signature_is_mlflows() -> None:
+    body = b'{"entity": "model_version"}'
+    assert sign(SECRET, "d-1", "1700000000", body) == _generate_hmac_signature(SECRET, "d-1", "1700000000",
+                                                                                body.decode())
+
+
+def test_mlflow_delivers_and_one_promote_starts_per_tagged_version(tracking_uri: str, receiver: Receiver) -> None:
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client.create_webhook("relctl", receiver.url, events=["model_version.created", "model_version_tag.set"],
+                          secret=SECRET)
+    test = client.test_webhook(client.list_webhooks()[0].webhook_id)
+    assert test.success and test.response_status == 200, test  # MLflow's example event: not a release
+    run_a = client.create_run(client.create_experiment("train")).info.run_id
+    run_b = client.create_run(client.get_experiment_by_name("train").experiment_id).info.run_id
+    client.create_registered_model("shop-llm")
+    client.create_model_version("shop-llm", f"runs:/{run_a}/model", run_id=run_a, tags={"relctl.release": "true"})
+    assert wait_starts(receiver, 1) == [[run_a, "shop-llm", "1"]]
+    # Untagged: nothing starts; tagged afterwards (model_version_tag.set): the version's run is looked up.
+    client.create_model_version("shop-llm", f"runs:/{run_b}/model", run_id=run_b)
+    client.set_model_version_tag("shop-llm", "2", "note", "not the release tag")
+    assert len(wait_starts(receiver, 2, timeout_s=3)) == 1
+    client.set_model_version_tag("shop-llm", "2", "relctl.release", "true")
+    assert wait_starts(receiver, 2)[1] == [run_b, "shop-llm", "2"]
+    # Tagging the same version again is a new delivery, but that version's promote already started.
+    client.set_model_version_tag("shop-llm", "2", "relctl.release", "true")
+    assert len(wait_starts(receiver, 3, timeout_s=3)) == 2
+
+
+def post(rec: Receiver, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(rec.url, content=body, headers=headers, timeout=10)
+
+
+def test_refusals_are_401_and_start_nothing(receiver: Receiver) -> None:
+    before = len(receiver.starts())
+    run_id = uuid.uuid4().hex
+    body, headers = mlflow_delivery("model_version", "created", created("refused", "1", run_id), secret="wrong")
+    bad_signature = post(receiver, body, headers)
+    body, headers = mlflow_delivery("model_version", "created", created("refused", "1", run_id),
+                                    timestamp=int(time.time()) - 301)
+    stale = post(receiver, body, headers)
+    body, headers = mlflow_delivery("model_version", "created", created("refused", "1", run_id))
+    tampered = post(receiver, body.replace(b"refused", b"other"), headers)
+    unsigned = post(receiver, body, {k: v for k, v in headers.items() if k != "X-MLflow-Signature"})
+    for response, reason in ((bad_signature, "bad signature"), (stale, "stale timestamp"),
+                             (tampered, "bad signature"), (unsigned, "missing")):
+        assert response.status_code == 401 and reason in response.json()["reason"], response.text
+    assert len(wait_starts(receiver, before + 1, timeout_s=2)) == before
+
+    first = post(receiver, body, headers)
+    assert first.status_code == 202, first.text
+    replay = post(receiver, body, headers)
+    assert replay.status_code == 401 and "replayed" in replay.json()["reason"]
+    starts = wait_starts(receiver, before + 2, timeout_s=3)
+    assert starts.count([run_id, "refused", "1"]) == 1 and len(starts) == before + 1
+
+
+def test_replays_are_refused_after_a_restart(tmp_path: Path, tracking_uri: str) -> None:
+    body, headers = mlflow_delivery("model_version", "created", created("restart", "1", uuid.uuid4().hex))
+    proc, rec = start_receiver(tmp_path / "r", tracking_uri)
+    try:
+        assert post(rec, body, headers).status_code == 202
+    finally:
+        stop(proc)
+    proc, rec = start_receiver(tmp_path / "r", tracking_uri)
+    try:
+        assert post(rec, body, headers).status_code == 401
+        assert len(rec.starts()) == 1
+    finally:
+        stop(proc)
+
+
+@pytest.fixture()
+def github_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A stand-in for GitHub's REST API on 127.0.0.1 that records repository_dispatch calls (204, like GitHub)."""
+    calls: list[dict[str, Any]] = []
+
+    async def dispatch(request: Request) -> Response:
+        calls.append({"path": request.url.path, "auth": request.headers.get("authorization"),
+                      "json": json.loads(await request.body())})
+        return Response(status_code=204)
+
+    app = Starlette(routes=[Route("/repos/{owner}/{repo}/dispatches", dispatch, methods=["POST"])])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", calls
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_github_repository_dispatch(tmp_path: Path, tracking_uri: str,
+                                    github_api: tuple[str, list[dict[str, Any]]]) -> None:
+    api, calls = github_api
+    proc, rec = start_receiver(tmp_path / "gh", tracking_uri, "--github-repo", "acme/models", "--github-api-url", api,
+                               env={"GITHUB_TOKEN": "gh-token"})
+    try:
+        run_id = uuid.uuid4().hex
+        body, headers = mlflow_delivery("model_version", "created", created("gh-llm", "4", run_id))
+        assert post(rec, body, headers).status_code == 202
+    finally:
+        stop(proc)
+    assert calls == [{"path": "/repos/acme/models/dispatches", "auth": "Bearer gh-token",
+                      "json": {"event_type": "relctl-promote",
+                               "client_payload": {"run_id": run_id, "model": "gh-llm", "version": "4"}}}]
+
+
+def test_missing_secret_is_bad_input(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RELCTL_WEBHOOK_SECRET"}
+    done = subprocess.run([str(RELCTL), "--project-dir", str(tmp_path), "webhook", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "error: relctl webhook: environment variable RELCTL_WEBHOOK_SECRET is not set"
