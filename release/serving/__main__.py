@@ -4,5 +4,8 @@
 from __future__ import annotations
 
 from release.serving.cli import main
+from release.subprocs import watch_parent
 
+# Started by release.subprocs.start_child (ServerProcess): stop (SIGTERM: drain) when the parent is gone.
+watch_parent()
 main()

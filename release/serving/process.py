@@ -1,11 +1,10 @@
 """A `relctl serve` child process: started on a free port of 127.0.0.1, ready when it has loaded the
-model and is listening, stopped with SIGTERM (graceful: in-flight requests finish)."""
+model and is listening, stopped with SIGTERM (graceful: in-flight requests finish). It dies with its
+parent however the parent ends, SIGKILL included (release.subprocs)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from typing import Any, Self
 import httpx
 
 from release.errors import StageFailed
+from release.subprocs import start_child, stop_child
 
 
 class ServerProcess:
@@ -44,8 +44,10 @@ class ServerProcess:
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         log = (self.work_dir / "server.log").open("wb")
-        self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-        log.close()
+        try:
+            self._proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
         deadline = time.monotonic() + self.start_timeout_s
         while not ready.is_file():
             if self._proc.poll() is not None:
@@ -58,17 +60,16 @@ class ServerProcess:
         httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
         return self
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def stop(self, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, then wait for the drain; kill only if it does not exit within `timeout_s`."""
         proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        if proc is None:
+            return None
+        return stop_child(proc, timeout_s)
 
     def _log_tail(self) -> str:
         path = self.work_dir / "server.log"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +54,32 @@ def run_server(state: ServerState, host: str, port: int, ready_file: Path | None
         timeout_keep_alive=30,
     )
     server = uvicorn.Server(config)
+    _log_to_stderr()
     # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with this handler in place the
-    # re-raise is a no-op, so a drained server exits 0 instead of dying by the signal.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    # re-raise only records it, so a drained server exits 0 (a normal stop) instead of dying by the signal.
+    stopped_by: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: stopped_by.append(signum))
     try:
         asyncio.run(_serve(server, state, ready_file, on_ready))
     finally:
         signal.signal(signal.SIGTERM, previous)
+    if stopped_by:
+        left = state.engine.in_flight
+        outcome = "every in-flight request finished" if left == 0 else (
+            f"{left} requests cut off after the {state.engine.settings.shutdown_grace_s:.0f}s shutdown grace")
+        sys.stderr.write(f"relctl serve: stopped by SIGTERM; {outcome}\n")
+        sys.stderr.flush()
+
+
+def _log_to_stderr() -> None:
+    """Server faults (logged with their request id) go to stderr, once, however often a server starts."""
+    logger = logging.getLogger("relctl.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("relctl serve: %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 async def _serve(server: Any, state: ServerState, ready_file: Path | None, on_ready: Any) -> None:
