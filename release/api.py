@@ -11,6 +11,7 @@ from release.errors import InputError, RegistryError
 from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import tags as T
 from release.report import ReleaseReport
 from release.store import connect, resolve_store
 from release.versions import fetch_package
@@ -44,44 +45,62 @@ def promote(
     return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path)
 
 
-def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None) -> AliasMove:
-    """Point `production` back at the version it replaced (or `to_version`), after verifying its package."""
+def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
+             progress: Progress | None = None) -> AliasMove:
+    """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
+
+    The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
+    once cannot both act on the same state: the second sees the first's result.
+    """
     registry = open_registry(project_dir)
     registry.require_model(model)
-    aliases = registry.aliases(model)
-    target = to_version or aliases.get(PREVIOUS)
-    if target is None:
-        raise InputError(
-            f"{model}: no '{PREVIOUS}' alias, so there is nothing to roll back to",
-            hint="pass --to VERSION to choose a version explicitly",
-        )
-    if target == aliases.get(PRODUCTION):
-        raise InputError(f"{model}: production already is v{target}", hint="pass --to VERSION for another version")
-    with tempfile.TemporaryDirectory() as tmp:
-        fetch_package(registry, model, target, Path(tmp))  # refuses a package whose checksums differ
-    # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
-    replaced = registry.replaced_by(model, target)
-    return registry.move_aliases(
-        model, {PRODUCTION: target, PREVIOUS: replaced}, "rollback", reason, release_run=None
-    )
+    for note in registry.reap_dead_runs(model):
+        (progress or Progress(quiet=True)).note(note)
+    verified: set[str] = set()
+
+    def verify(target: str) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            fetch_package(registry, model, target, Path(tmp))  # refuses a package that differs from its release
+        verified.add(target)
+
+    # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
+    guess = to_version or registry.aliases(model).get(PREVIOUS)
+    if guess is not None and guess != registry.aliases(model).get(PRODUCTION):
+        verify(guess)
+
+    def decide(aliases: dict[str, str]) -> dict[str, str | None]:
+        target = to_version or aliases.get(PREVIOUS)
+        if target is None:
+            raise InputError(f"{model}: no '{PREVIOUS}' alias, so there is nothing to roll back to",
+                             hint="pass --to VERSION to choose a version explicitly")
+        if target == aliases.get(PRODUCTION):
+            raise InputError(f"{model}: production already is v{target}", hint="pass --to VERSION for another version")
+        if target not in verified:
+            verify(target)
+        # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
+        return {PRODUCTION: target, PREVIOUS: registry.replaced_by(model, target)}
+
+    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None)
+    for note in notes:
+        (progress or Progress(quiet=True)).note(note)
+    if move is None:
+        raise InputError(f"{model}: the rollback would change nothing", hint="check `relctl status` for the aliases")
+    return move
 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
-    from release.promote import RELEASE_EXPERIMENT
     from release.stages.package import verify_package
     from release.stages.register import register_package
-    from release.store import ensure_experiment
 
     package = verify_package(package_dir)
-    registry = open_registry(project_dir)
-    experiment_id = ensure_experiment(registry.store, RELEASE_EXPERIMENT)
-    return register_package(registry, package, model, experiment_id, production)
+    return register_package(open_registry(project_dir), package, model, production)
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:
     registry = open_registry(project_dir)
     registry.require_model(model)
+    registry.repair(model)
     return registry.history(model)
 
 
@@ -91,6 +110,8 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     if model is None:
         return {"models": registry.list_models()}
     registry.require_model(model)
+    registry.reap_dead_runs(model)
+    registry.repair(model)
     out: dict[str, Any] = {"model": model, "aliases": {}}
     for alias, version in sorted(registry.aliases(model).items()):
         try:
@@ -101,13 +122,12 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
         out["aliases"][alias] = {
             "version": version,
             "created": mv.creation_timestamp,
-            "training_run": tags.get("relctl.training_run_id"),
-            "git_commit": tags.get("lineage.git_commit"),
-            "precision": tags.get("relctl.precision"),
-            "serving_config_hash": tags.get("relctl.serving_config_hash"),
-            "data": {k: v for k, v in tags.items() if k.startswith("lineage.data.")},
-            "gates": {k.removeprefix("gate.").removesuffix(".status"): v
-                      for k, v in tags.items() if k.startswith("gate.") and k.endswith(".status")},
-            "validation": {k.removeprefix("validation."): v for k, v in tags.items() if k.startswith("validation.")},
+            "training_run": tags.get(T.TRAINING_RUN),
+            "git_commit": tags.get(T.GIT_COMMIT),
+            "precision": tags.get(T.PRECISION),
+            "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH),
+            "data": {k: v for k, v in tags.items() if k.startswith(T.DATA_PREFIX)},
+            "gates": T.gate_statuses(tags),
+            "validation": T.with_prefix(tags, T.VALIDATION_PREFIX),
         }
     return out

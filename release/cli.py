@@ -120,12 +120,17 @@ def _attach_commands() -> None:
     # Before mlflow is first imported: its INFO lines (table creation, downloads) drown relctl's own.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from gates.cli import gate
+    from release.canary.cli import canary_command
+    from release.gating.cli import gate
+    from release.init import init_command
     from release.memory.cli import plan_command
-    from release.serving.cli import bench_command, serve_command
+    from release.serving.cli import serve_command
+    from release.serving.loadgen.cli import bench_command
     from release.stage_commands import STAGE_COMMANDS
+    from release.webhook_cli import webhook_command
 
-    for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, plan_command]:
+    for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, canary_command, plan_command,
+                    webhook_command]:
         cli.add_command(command)
 
 

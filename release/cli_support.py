@@ -1,4 +1,4 @@
-"""Shared pieces of the CLI: the context object, one-line error mapping, JSON output."""
+"""Shared pieces of the CLI: the context object, the one failure handler, JSON output."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from release.errors import EXIT_BUG, EXIT_INTERRUPTED, ReleaseError
+from release.failure import classify, write_log
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,29 +26,29 @@ class Ctx:
         self.as_json = False
 
 
-def _fail(ctx: Ctx, exc: BaseException) -> None:
-    if isinstance(exc, ReleaseError):
-        report = getattr(exc, "report", None)
-        if ctx.as_json and report is not None:
-            click.echo(json.dumps(report.to_dict(), indent=2, default=str))
-        click.echo(f"error: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        if ctx.show_traceback:
-            traceback.print_exception(exc)
-        sys.exit(exc.exit_code)
-    if isinstance(exc, KeyboardInterrupt):
-        click.echo("error: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    log_dir = ctx.project_dir / ".relctl" / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"relctl-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
-    log.write_text("".join(traceback.format_exception(exc)))
-    click.echo(f"error: unexpected {type(exc).__name__}: {exc}".splitlines()[0], err=True)
-    click.echo(f"hint: this is a relctl bug; the traceback is in {log} (or rerun with --traceback)", err=True)
+def current_ctx() -> Ctx:
+    """The relctl group's context, or a default one when a command runs outside the group."""
+    found = click.get_current_context(silent=True)
+    ctx = found.find_object(Ctx) if found is not None else None
+    return ctx if ctx is not None else Ctx(Path(".").resolve(), show_traceback=False, quiet=False)
+
+
+def fail(ctx: Ctx, exc: BaseException) -> None:
+    """Print one `error:` line and a `hint:` line for `exc` and exit with its code (release.failure)."""
+    failure = classify(exc)
+    report = getattr(exc, "report", None)
+    if ctx.as_json and report is not None:
+        click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    click.echo(f"error: {failure.message}", err=True)
+    hint = failure.hint
+    if failure.bug:
+        log = write_log(exc, ctx.project_dir / ".relctl" / "logs")
+        hint = f"this is a relctl bug; the traceback is in {log} (or rerun with --traceback)"
+    if hint:
+        click.echo(f"hint: {hint}", err=True)
     if ctx.show_traceback:
         traceback.print_exception(exc)
-    sys.exit(EXIT_BUG)
+    sys.exit(failure.exit_code)
 
 
 def handled(fn: F) -> F:
@@ -57,13 +56,14 @@ def handled(fn: F) -> F:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        ctx: Ctx = click.get_current_context().find_object(Ctx)  # type: ignore[assignment]
         try:
             return fn(*args, **kwargs)
-        except click.ClickException:
+        except (click.ClickException, click.exceptions.Exit):
             raise
-        except (ReleaseError, KeyboardInterrupt, Exception) as exc:  # noqa: BLE001 - mapped to exit codes
-            _fail(ctx, exc)
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                raise
+            fail(current_ctx(), exc)
 
     return wrapper  # type: ignore[return-value]
 
@@ -76,5 +76,3 @@ def emit(data: Any, as_json: bool, text: Callable[[], None]) -> None:
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")
-
-

@@ -1,81 +1,125 @@
-"""Runs stages in order; each writes its outputs and a manifest, so a re-run resumes.
+"""Runs stages with resume: each finished stage leaves its outputs and a manifest.
 
-A stage is finished when `<work>/<stage>/manifest.json` exists with the same fingerprint (a hash of
-its inputs and config). Outputs are built in `<stage>.partial/` and renamed when complete, so an
-interrupted stage leaves nothing that looks finished.
+A stage's folder is `<work>/<label>-<fingerprint[:12]>/`, so two promotes of the same run with different
+inputs (say int4 and int8) never share a folder, and the same inputs find the same finished work. A
+stage is finished when its manifest exists, its fingerprint matches, and the files it recorded still
+have their checksums (re-verified on resume). Outputs are built in `<folder>.partial/` and renamed when
+complete, so an interrupted stage leaves nothing that looks finished; a file lock per folder makes a
+second promote wait for the first instead of writing the same folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from release.errors import InputError
-from release.hashing import sha256_json
+from release.faults import pause_point
+from release.hashing import sha256_tree
 from release.progress import Progress
+from release.stages.base import Stage, StageResult
+from release.store import STATE_DIR
 
 MANIFEST = "manifest.json"
-StageFn = Callable[[Path], dict[str, Any]]
+ResultT = TypeVar("ResultT", bound=StageResult)
 
 
 @dataclass(frozen=True)
-class StageOutcome:
+class Done(Generic[ResultT]):
     name: str
     dir: Path
-    outputs: dict[str, Any]
+    result: ResultT
     seconds: float
     resumed: bool
     fingerprint: str
 
-    def path(self, key: str) -> Path:
-        """Stages report files relative to their own folder, so a resumed stage's paths stay valid."""
-        return self.dir / str(self.outputs[key])
+    def path(self, relative: str) -> Path:
+        """A path from the result (relative to the stage folder) as a real path."""
+        return self.dir / relative
+
+
+@contextmanager
+def folder_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class Pipeline:
     def __init__(self, work_dir: Path, progress: Progress) -> None:
         self.work_dir = work_dir
         self.progress = progress
-        self.outcomes: dict[str, StageOutcome] = {}
+        self.done: dict[str, Done[Any]] = {}
 
-    def run(self, name: str, inputs: dict[str, Any], fn: StageFn, summary: Callable[[dict[str, Any]], str]) -> StageOutcome:
-        """Run `fn(stage_dir)` (paths in its outputs relative to stage_dir) unless a finished manifest with the same input fingerprint exists."""
-        fingerprint = sha256_json(inputs)
-        final = self.work_dir / name
+    def run(self, stage: Stage[Any, ResultT]) -> Done[ResultT]:
+        """Run `stage` unless a finished, intact folder with the same fingerprint exists."""
+        fingerprint = stage.inputs.fingerprint()
+        final = self.work_dir / f"{stage.label}-{fingerprint[:12]}"
+        with folder_lock(final.with_name(final.name + ".lock")):
+            done = self._resume(stage, final, fingerprint) if stage.resumable else None
+            if done is None:
+                done = self._execute(stage, final, fingerprint)
+        self.done[stage.label] = done
+        pause_point(f"stage-done:{stage.label}")
+        return done
+
+    def _resume(self, stage: Stage[Any, ResultT], final: Path, fingerprint: str) -> Done[ResultT] | None:
         manifest = final / MANIFEST
-        if manifest.is_file():
-            recorded = json.loads(manifest.read_text())
-            if recorded.get("fingerprint") == fingerprint:
-                outcome = StageOutcome(name, final, recorded["outputs"], recorded["seconds"], True, fingerprint)
-                self.outcomes[name] = outcome
-                self.progress.done(name, 0.0, summary(outcome.outputs), skipped=True)
-                return outcome
-        partial = self.work_dir / f"{name}.partial"
+        if not manifest.is_file():
+            return None
+        recorded = json.loads(manifest.read_text())
+        if recorded.get("fingerprint") != fingerprint:
+            return None
+        if sha256_tree(final, exclude=frozenset({MANIFEST})) != recorded.get("files"):
+            self.progress.note(f"{stage.label}: finished output changed on disk since it was written; rebuilding")
+            return None
+        result = stage.load_result(recorded["result"])
+        self.progress.done(stage.label, 0.0, stage.summary(result), skipped=True)
+        return Done(stage.label, final, result, float(recorded["seconds"]), True, fingerprint)
+
+    def _execute(self, stage: Stage[Any, ResultT], final: Path, fingerprint: str) -> Done[ResultT]:
+        partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         start = time.perf_counter()
         try:
-            with self.progress.stage(name):
-                outputs = fn(partial)
+            with self.progress.stage(stage.label):
+                result = stage.run(partial)
         except InputError:
             raise  # bad input is reported as its own single error line
         except BaseException:
-            self.progress.failed(name, "failed")
+            self.progress.failed(stage.label, "failed")
             raise
         seconds = time.perf_counter() - start
-        (partial / MANIFEST).write_text(
-            json.dumps({"stage": name, "fingerprint": fingerprint, "inputs": inputs,
-                        "outputs": outputs, "seconds": seconds}, indent=2, default=str)
-        )
+        files = sha256_tree(partial)
+        (partial / MANIFEST).write_text(json.dumps(
+            {"stage": stage.name, "label": stage.label, "fingerprint": fingerprint,
+             "inputs": stage.inputs.model_dump(mode="json"), "result": result.model_dump(mode="json"),
+             "files": files, "seconds": seconds}, indent=2, default=str))
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
-        outcome = StageOutcome(name, final, outputs, seconds, False, fingerprint)
-        self.outcomes[name] = outcome
-        self.progress.done(name, seconds, summary(outcome.outputs))
-        return outcome
+        self.progress.done(stage.label, seconds, stage.summary(result))
+        return Done(stage.label, final, result, seconds, False, fingerprint)
 
+
+def work_dir_for(project_dir: Path, run_id: str) -> Path:
+    """Where a promote of `run_id` keeps its stage folders (each keyed by its own inputs' fingerprint)."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in run_id)
+    return (project_dir / STATE_DIR / "work" / safe).resolve()
+
+
+def run_standalone(stage: Stage[Any, ResultT], out: Path) -> ResultT:
+    """Run `stage` into `out` once, without manifests: what each `relctl <stage>` subcommand does."""
+    out.mkdir(parents=True, exist_ok=True)
+    return stage.run(out)

@@ -35,6 +35,7 @@ class Progress:
         if not self.quiet:
             self.console.print(f"[red]✗[/red] {name:<12}         {summary}")
 
-    def info(self, text: str) -> None:
+    def note(self, text: str) -> None:
+        """A line that is not a stage: a repair, a warning, a resumed leftover."""
         if not self.quiet:
-            self.console.print(text)
+            self.console.print(f"[yellow]![/yellow] {text}")

@@ -1,45 +1,55 @@
-"""`relctl promote`: intake → merge → convert → validate → package → gates → register.
+"""`relctl promote`: the phases of a release, each stage one typed object run by the Pipeline.
 
-Aliases move only at the very end, after every check passed, so a failed or blocked promote
-changes no alias. Each attempt is a release run in MLflow holding its report, whatever the outcome.
+before register   intake -> merge -> reference -> convert -> validate -> memory -> package -> gates
+register          the version (found again after a crash, never twinned) and its alias move, under the
+                  model's lock, refused if production moved while the gates ran
+after register    gates that need the registered version (the canary), with `candidate` set meanwhile
+
+Aliases move only in the register phase or after, once every check passed, so a failed or blocked
+promote changes no production alias. Each attempt is a release run holding its report, whatever the outcome.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import mlflow
-
 from release.config import ReleaseConfig
-from release.errors import EXIT_BUG, Blocked, ReleaseError
+from release.errors import Blocked, InputError, ReleaseError
+from release.failure import classify
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
+from release.gating.plugins import load_gates
+from release.gating.report import render_html, render_markdown, result_to_dict
+from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
 from release.hashing import sha256_file
 from release.lineage import repo_state
-from release.pipeline import Pipeline, StageOutcome
+from release.pipeline import Done, Pipeline, work_dir_for
 from release.progress import Progress
-from release.registry import PREVIOUS, PRODUCTION, Registry
+from release.registry import CANDIDATE, PRODUCTION, Registry
+from release.registry import tags as T
+from release.registry.runs import ReleaseRun
 from release.report import ReleaseReport, model_card, summary_markdown
 from release.stages import register as reg
-from release.stages.intake import run_intake
-from release.stages.package import MANIFEST, PackageManifest, build_package, verify_package
-from release.store import Store, ensure_experiment
-
-RELEASE_EXPERIMENT = "relctl-releases"
+from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
+from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
+from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
+from release.stages.merge import MergeInputs, MergeStage
+from release.stages.package import MANIFEST, PackageInputs, PackageManifest, PackageStage, verify_package
+from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
+from release.store import Store
 
 
 class Promotion:
     def __init__(self, cfg: ReleaseConfig, store: Store, project_dir: Path, config_path: Path | None,
                  progress: Progress) -> None:
         self.cfg = cfg
-        self.store = store
         self.registry = Registry(store)
         self.project_dir = project_dir
         self.config_path = config_path
         self.progress = progress
-        self.gate_results: list[Any] = []
+        self.gate_results: list[GateResult] = []
         self.gates_markdown: str | None = None
         self.pipeline: Pipeline | None = None
 
@@ -52,242 +62,241 @@ class Promotion:
         return model_card(report, sections)
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
-        from gates.registry import load_gates  # gates validate their config blocks before any work
-
-        gates = load_gates(self.cfg.gates)
+        gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
         training = self.registry.get_run(run_id)
-        name = self.cfg.model or self.registry.client.get_experiment(training.info.experiment_id).name
+        name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
+        for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
+            self.progress.note(note)
         report = ReleaseReport(model=name, training_run=run_id, release_run=None,
                                precision=self.cfg.convert.precision)
-        mlflow.set_experiment(experiment_id=ensure_experiment(self.store, RELEASE_EXPERIMENT))
-        with mlflow.start_run(run_name=f"promote {name} from {run_id[:8]}") as release_run:
-            report.release_run = release_run.info.run_id
-            mlflow.set_tags({"relctl.training_run_id": run_id, "relctl.model": name,
-                             "mlflow.note.content": f"relctl promote of training run {run_id}"})
-            mlflow.log_params({"precision": self.cfg.convert.precision, "exporter": self.cfg.convert.exporter,
-                               "dry_run": dry_run})
+        tags = {T.TRAINING_RUN: run_id, T.NOTE: f"relctl promote of training run {run_id}"}
+        with self.registry.release_run(name, f"promote {name} from {run_id[:8]}", tags) as run:
+            report.release_run = run.run_id
+            run.log_params({"precision": self.cfg.convert.precision, "exporter": self.cfg.convert.exporter,
+                            "dry_run": dry_run})
             try:
-                self._stages(training, name, report, gates, dry_run)
+                self._phases(run, run_id, name, report, gates, dry_run)
             except BaseException as exc:
                 if isinstance(exc, ReleaseError):
                     exc.report = report
                 if not isinstance(exc, Blocked):
-                    report.outcome = "error"
-                    report.exit_code = getattr(exc, "exit_code", EXIT_BUG)
-                    report.failures.append(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
+                    failure = classify(exc)
+                    report.outcome, report.exit_code = "error", failure.exit_code
+                    report.failures.append(failure.message)
                 raise
             finally:
-                self._log_report(report)
+                self._log_report(run, report)
                 if summary_path is not None:
                     with summary_path.open("a") as fh:
                         fh.write(summary_markdown(report, self.gates_markdown))
         return report
 
     # ------------------------------------------------------------------------------------------
-    def _stages(self, training: Any, name: str, report: ReleaseReport, gates: list[Any], dry_run: bool) -> None:
-        cfg = self.cfg
-        work = (self.project_dir / ".relctl" / "work" / training.info.run_id).resolve()
-        pipe = self.pipeline = Pipeline(work, self.progress)
-        intake = pipe.run("intake", {"run": training.info.run_id, "artifact": cfg.source.artifact_path},
-                          lambda d: run_intake(self.registry, training, cfg.source.artifact_path, d),
-                          _summ_intake)
-        report.lineage = {**intake.outputs["lineage"], "release_repo": repo_state(self._repo_anchor())}
-        model_dir, upstream = self._merge(pipe, intake)
-        reference, candidate = self._convert(pipe, model_dir, upstream)
-        validation = self._validate(pipe, intake, reference, candidate, model_dir)
-        report.validation = validation.outputs["validation"]
-        report.memory = validation.outputs["memory"]
-        if not report.validation["passed"]:
-            report.block(report.validation["failures"])
-            raise Blocked(f"validation failed: {report.validation['failures'][0]}",
+    def _phases(self, run: ReleaseRun, run_id: str, name: str, report: ReleaseReport, gates: list[Gate],
+                dry_run: bool) -> None:
+        pipe = self.pipeline = Pipeline(work_dir_for(self.project_dir, run_id), self.progress)
+        intake = pipe.run(IntakeStage(IntakeInputs(run_id=run_id, artifact_path=self.cfg.source.artifact_path),
+                                      self.registry))
+        report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
+        checkpoint, upstream = self._merge(pipe, intake)
+        reference, candidate = self._convert(pipe, checkpoint, upstream)
+        validation = self._validate(pipe, intake, reference, candidate, checkpoint)
+        report.validation = validation.result.model_dump(mode="json")
+        if not validation.result.passed:
+            report.block(validation.result.failures)
+            raise Blocked(f"validation failed: {validation.result.failures[0]}",
                           hint="see the release report; choose another precision or relax validation thresholds")
-        package = self._package(pipe, name, report, candidate.path("model"), model_dir, validation)
-        self._run_gates(gates, name, package, intake, report, pipe.work_dir)
+        memory = pipe.run(MemoryStage(MemoryInputs(
+            candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
+            runtime_dir=candidate.path(candidate.result.model), config_path=checkpoint / "config.json")))
+        report.memory = memory.result.estimate
+        if not memory.result.fits:
+            e = memory.result.estimate
+            reason = (f"memory plan does not fit: peak {e['peak_bytes'] / 2**30:.2f} GiB > "
+                      f"{e['capacity_bytes'] / 2**30:.2f} GiB at {e['concurrency']} x {e['context_tokens']} tokens "
+                      f"(x{e['rollout_replicas']} replicas during a rollout); at most {e['max_concurrency']} "
+                      "concurrent sequences fit")
+            report.block([reason])
+            raise Blocked(reason, hint="lower serving.concurrency or serving.context_tokens, choose a smaller "
+                                       "precision, or plan a larger accelerator (serving.gpu_memory_gib)")
+        package = self._package(pipe, name, report, candidate, checkpoint, validation)
+        production = production_ref(self.registry, name, pipe.work_dir / "production")
+        self._gates("before_register", gates, name, package, intake, report, production, None)
         if dry_run:
             report.outcome = "dry-run"
             return
-        self._register(name, package, report)
+        later = gates_of_phase(gates, "after_register")
+        under_canary = bool(later) and production is not None
+        registered = self._register(pipe, run, name, package, report, production, under_canary)
+        if registered is None or not later:
+            return
+        self._after_register(run, name, package, intake, report, production, registered, later)
 
     def _repo_anchor(self) -> Path:
         return self.config_path.parent if self.config_path else self.project_dir
 
-    def _merge(self, pipe: Pipeline, intake: StageOutcome) -> tuple[Path, str]:
-        adapter = intake.outputs["summary"]["adapter"]
-        checkpoint = intake.path("checkpoint")
-        if adapter is None or not self.cfg.merge.enabled:
+    def _merge(self, pipe: Pipeline, intake: Done[IntakeResult]) -> tuple[Path, str]:
+        checkpoint = intake.path(intake.result.checkpoint)
+        if intake.result.summary.adapter is None or not self.cfg.merge.enabled:
             return checkpoint, intake.fingerprint
-        from release.stages.merge import merge_checkpoint
+        merged = pipe.run(MergeStage(MergeInputs(upstream=intake.fingerprint, base=checkpoint, adapter=checkpoint)))
+        return merged.path(merged.result.model), merged.fingerprint
 
-        def merge(d: Path) -> dict[str, Any]:
-            result = merge_checkpoint(checkpoint, checkpoint, d / "model")
-            return {"model": "model", "lora_modules": getattr(result, "lora_modules", None)}
-
-        merged = pipe.run("merge", {"intake": intake.fingerprint}, merge,
-                          lambda o: f"LoRA folded into the base ({o.get('lora_modules')} modules)")
-        return merged.path("model"), merged.fingerprint
-
-    def _convert(self, pipe: Pipeline, model_dir: Path, upstream: str) -> tuple[StageOutcome, StageOutcome]:
-        from release.stages.convert import convert
-
+    def _convert(self, pipe: Pipeline, checkpoint: Path, upstream: str
+                 ) -> tuple[Done[ConvertOutputs], Done[ConvertOutputs]]:
         conv = self.cfg.convert
 
-        def build(precision: str) -> Any:
-            def fn(d: Path) -> dict[str, Any]:
-                result = convert(model_dir, d / "model", precision, exporter=conv.exporter,  # type: ignore[arg-type]
-                                 execution_provider=conv.execution_provider)
-                return {"model": "model", "precision": precision, **_jsonable(result)}
-            return fn
+        def stage(precision: str, label: str) -> ConvertStage:
+            return ConvertStage(ConvertInputs(upstream=upstream, precision=precision,
+                                              exporter=conv.exporter, execution_provider=conv.execution_provider,
+                                              checkpoint=checkpoint), label=label)
 
-        inputs = {"upstream": upstream, "exporter": conv.exporter, "ep": conv.execution_provider}
-        reference = pipe.run("reference", {**inputs, "precision": "fp32"}, build("fp32"),
-                             lambda o: "fp32 reference ONNX")
+        reference = pipe.run(stage("fp32", "reference"))
         if conv.precision == "fp32":
             return reference, reference
-        candidate = pipe.run("convert", {**inputs, "precision": conv.precision}, build(conv.precision),
-                             lambda o: f"{o['precision']} ONNX via {o.get('exporter', '?')}")
-        return reference, candidate
+        return reference, pipe.run(stage(conv.precision, "convert"))
 
-    def _validate(self, pipe: Pipeline, intake: StageOutcome, reference: StageOutcome, candidate: StageOutcome,
-                  model_dir: Path) -> StageOutcome:
-        from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
-        from release.stages.validate import load_prompts, validate
-
+    def _validate(self, pipe: Pipeline, intake: Done[IntakeResult], reference: Done[ConvertOutputs],
+                  candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[ValidateResult]:
         vcfg = self.cfg.validation
-        prompts_path = Path(vcfg.prompts) if vcfg.prompts else (
-            intake.path("prompts") if intake.outputs.get("prompts") else None)
-        if prompts_path is None:
-            from release.errors import InputError
-            raise InputError(f"run '{intake.outputs['lineage']['training']['run_id']}' has no validation prompts",
+        prompts = Path(vcfg.prompts) if vcfg.prompts else (
+            intake.path(intake.result.prompts) if intake.result.prompts else None)
+        if prompts is None:
+            raise InputError(f"run '{intake.result.lineage['training']['run_id']}' has no validation prompts",
                              hint="log validation/prompts.jsonl with the run or set validation.prompts in release.yaml")
-        prompts = load_prompts(prompts_path)
+        return pipe.run(ValidateStage(ValidateInputs(
+            reference=reference.fingerprint, candidate=candidate.fingerprint, prompts_sha256=sha256_file(prompts),
+            thresholds=vcfg, reference_dir=reference.path(reference.result.model),
+            candidate_dir=candidate.path(candidate.result.model), prompts_path=prompts,
+            tokenizer=checkpoint / "tokenizer.json")))
 
-        def fn(d: Path) -> dict[str, Any]:
-            result = validate(reference.path("model"), candidate.path("model"), prompts,
-                              model_dir / "tokenizer.json", vcfg)
-            (d / "validation.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
-            runtime = candidate.path("model")
-            config = json.loads((model_dir / "config.json").read_text())
-            memory = estimate_memory(config, folder_weights_bytes(runtime), self.cfg.serving,
-                                     kv_dtype_bytes=folder_kv_dtype_bytes(runtime))
-            return {"validation": result.to_dict(), "memory": memory.to_dict(), "report": "validation.json"}
-
-        inputs = {"reference": reference.fingerprint, "candidate": candidate.fingerprint,
-                  "prompts": sha256_file(prompts_path), "thresholds": vcfg.model_dump(),
-                  "serving": self.cfg.serving.model_dump()}
-        return pipe.run("validate", inputs, fn, _summ_validate)
-
-    def _package(self, pipe: Pipeline, name: str, report: ReleaseReport, runtime_dir: Path, model_dir: Path,
-                 validation: StageOutcome) -> PackageManifest:
-        fields = {"model_name": name, "precision": self.cfg.convert.precision, "exporter": _exporter_info(pipe),
-                  "lineage": report.lineage, "serving": self.cfg.serving.model_dump(),
-                  "validation": report.validation}
-
-        def fn(d: Path) -> dict[str, Any]:
-            manifest = build_package(d / "package", runtime_dir, model_dir, fields)
-            return {"package": "package", "files": len(manifest.files),
-                    "serving_config_hash": manifest.serving_config_hash}
-
-        out = pipe.run("package", {"validation": validation.fingerprint, "fields": fields}, fn,
-                       lambda o: f"{o['files']} files, serving config {o['serving_config_hash']}")
+    def _package(self, pipe: Pipeline, name: str, report: ReleaseReport, candidate: Done[ConvertOutputs],
+                 checkpoint: Path, validation: Done[ValidateResult]) -> PackageManifest:
+        c = candidate.result
+        fields = {"model_name": name, "precision": self.cfg.convert.precision,
+                  "exporter": {"exporter": c.exporter, "versions": c.versions},
+                  "lineage": report.lineage, "serving": self.cfg.serving.model_dump(), "validation": report.validation}
+        out = pipe.run(PackageStage(PackageInputs(validation=validation.fingerprint, fields=fields,
+                                                  runtime_dir=candidate.path(c.model), source_dir=checkpoint)))
         # Verified here, whether built now or resumed: gates serve it and register publishes it.
-        manifest = verify_package(out.path("package"))
+        manifest = verify_package(out.path(out.result.package))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
-                          # What is served (every file but the manifest): equal content, equal release.
                           "content_sha256": reg.content_sha256(manifest),
                           "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files)}
         return manifest
 
-    def _run_gates(self, gates: list[Any], name: str, package: PackageManifest, intake: StageOutcome,
-                   report: ReleaseReport, work: Path) -> None:
-        if not gates:
-            return
-        from gates.report import render_markdown, result_to_dict
-        from release.gating import run_configured_gates
+    def _gates(self, phase: GatePhase, gates: list[Gate], name: str, package: PackageManifest, intake: Done[IntakeResult],
+               report: ReleaseReport, production: ProductionRef | None, version: str | None) -> list[GateResult]:
+        selected = gates_of_phase(gates, phase)
+        if not selected:
+            return []
+        eval_data = intake.path(intake.result.eval_data) if intake.result.eval_data else None
+        work = intake.dir.parent / "gates"
 
-        results, production = run_configured_gates(self.registry, gates, name, package, intake, work,
-                                                   self.progress, self._repo_anchor())
-        report.gates = [result_to_dict(r) for r in results]
-        self.gate_results = results
-        self.gates_markdown = render_markdown(results, production.version if production else None)
-        failed = [r for r in report.gates if r["status"] == "fail"]
-        if failed:
-            report.block([f"gate {r['gate']}: {r['reason']}" for r in failed])
-            raise Blocked(f"gate '{failed[0]['gate']}' failed: {failed[0]['reason']}",
+        def context_for(gate_id: str) -> GateContext:
+            return GateContext(model_name=name, package_dir=package.root, work_dir=work / gate_id,
+                               production=production, eval_dataset=eval_data, config_dir=self._repo_anchor(),
+                               version=version, should_stop=self._stop_check(name, production, version))
+
+        results = run_phase_gates(selected, context_for, self.progress, None)
+        self.gate_results += results
+        report.gates += [result_to_dict(r) for r in results]
+        self.gates_markdown = render_markdown(self.gate_results, production.version if production else None)
+        failed = [r for r in results if r.status == "fail"]
+        if failed and phase == "before_register":
+            report.block([f"gate {r.gate}: {r.reason}" for r in failed])
+            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
                           hint="see the release report for the evidence")
+        return results
 
-    def _register(self, name: str, package: PackageManifest, report: ReleaseReport) -> None:
-        assert report.release_run is not None
-        start = time.perf_counter()
-        current = self.registry.version_for(name, PRODUCTION) if self.registry.model_exists(name) else None
-        if current is not None and current.tags.get(reg.CONTENT_TAG) == report.package["content_sha256"]:
-            # Promoting what already serves is a no-op, not a new version that replaces its own twin.
-            report.outcome, report.version = "unchanged", str(current.version)
-            self.progress.done("register", time.perf_counter() - start,
-                               f"{name} v{current.version} already serves this package; nothing moved")
-            return
-        extra: dict[str, Any] = {"relctl.package_manifest_sha256": report.package["manifest_sha256"]}
-        extra |= {f"validation.{k}": v for k, v in (report.validation or {}).get("metrics", {}).items()
-                  if isinstance(v, (int, float))}
+    def _stop_check(self, name: str, production: ProductionRef | None, version: str | None) -> Any:
+        if version is None:
+            return None
+        expected = production.version if production else None
+
+        def should_stop() -> str | None:
+            now = self.registry.aliases(name).get(PRODUCTION)
+            return None if now == expected else f"production moved to v{now} (a rollback?) during the canary"
+
+        return should_stop
+
+    def _version_tags(self, report: ReleaseReport) -> dict[str, Any]:
+        extra: dict[str, Any] = {f"{T.VALIDATION_PREFIX}{k}": v for k, v in
+                                 (report.validation or {}).get("metrics", {}).items() if isinstance(v, (int, float))}
         for gate in report.gates:
-            extra[f"gate.{gate['gate']}.status"] = gate["status"]
-            extra |= {f"gate.{gate['gate']}.{k}": v for k, v in gate.get("metrics", {}).items()}
+            extra[T.gate_status(gate["gate"])] = gate["status"]
+            extra |= {T.gate_metric(gate["gate"], k): v for k, v in gate.get("metrics", {}).items()}
             if "dataset_sha256" in gate.get("details", {}):
-                extra[f"gate.{gate['gate']}.dataset_sha256"] = gate["details"]["dataset_sha256"]
-        report.outcome = "released"
-        version = reg.publish(self.registry, name, report.release_run, package, report.lineage, extra,
-                              self.card(report))
-        report.version = version
-        move = self.registry.promote(name, version, f"promoted from training run {report.training_run}",
-                                     report.release_run)
-        report.aliases = move.changes
-        self.registry.client.update_model_version(name, version, description=self.card(report))
-        previous = move.changes.get(PREVIOUS, [None, None])[1]
-        self.progress.done("register", time.perf_counter() - start, f"{name} v{version} is production"
-                           + (f" (previous: v{previous})" if previous else ""))
+                extra[T.gate_metric(gate["gate"], "dataset_sha256")] = gate["details"]["dataset_sha256"]
+        return extra
 
-    def _log_report(self, report: ReleaseReport) -> None:
+    def _register(self, pipe: Pipeline, run: ReleaseRun, name: str, package: PackageManifest, report: ReleaseReport,
+                  production: ProductionRef | None, under_canary: bool) -> str | None:
+        report.outcome = "released"
+        inputs = reg.RegisterInputs(
+            model=name, content_sha256=report.package["content_sha256"], lineage=report.lineage,
+            extra_tags=self._version_tags(report), description=self.card(report),
+            target="candidate" if under_canary else "production",
+            reason=f"promoted from training run {report.training_run}",
+            expected_production=production.version if production else None, package_dir=package.root)
+        done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package))
+        result = done.result
+        for note in result.notes:
+            self.progress.note(note)
+        report.version, report.outcome = result.version, result.outcome
+        if result.outcome == "unchanged":
+            return None
+        report.aliases = result.aliases
+        self.registry.set_description(name, result.version, self.card(report))
+        return result.version
+
+    def _after_register(self, run: ReleaseRun, name: str, package: PackageManifest, intake: Done[IntakeResult],
+                        report: ReleaseReport, production: ProductionRef | None, version: str,
+                        later: list[Gate]) -> None:
+        if production is None:
+            for gate in later:
+                skipped = GateResult(gate=gate.id, status="skipped", reason="no production version (first release)")
+                self.gate_results.append(skipped)
+                report.gates.append(result_to_dict(skipped))
+            self.gates_markdown = render_markdown(self.gate_results, None)
+            self.registry.set_description(name, version, self.card(report))
+            return
+        results = self._gates("after_register", later, name, package, intake, report, production, version)
+        failed = [r for r in results if r.status == "fail"]
+        if failed:
+            reason = f"gate {failed[0].gate}: {failed[0].reason}"
+            self.registry.move_aliases(name, {CANDIDATE: None}, "reject", reason, run.run_id)
+            self.registry.set_version_tags(name, version, {T.RELEASE_STATE: "rejected", T.REJECTED_REASON: reason})
+            report.block([f"gate {r.gate}: {r.reason}" for r in failed])
+            self.registry.set_description(name, version, self.card(report))
+            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
+                          hint="production was never moved; see the release report for the evidence")
+        move, notes = reg.promote_version(self.registry, name, version, "canary passed", run.run_id,
+                                          expected_production=production.version, clear_candidate=True,
+                                          action="canary")
+        for note in notes:
+            self.progress.note(note)
+        report.aliases, report.outcome = (move.changes if move else {}), "released"
+        self.registry.set_version_tags(name, version, {T.gate_status(r.gate): r.status for r in results})
+        self.registry.set_description(name, version, self.card(report))
+
+    def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
         if self.pipeline is not None:
-            report.stages = {n: {"seconds": round(o.seconds, 3), "resumed": o.resumed}
-                             for n, o in self.pipeline.outcomes.items()}
+            report.stages = {n: {"seconds": round(d.seconds, 3), "resumed": d.resumed}
+                             for n, d in self.pipeline.done.items()}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
             (out / "model_card.md").write_text(self.card(report))
             (out / "summary.md").write_text(summary_markdown(report, self.gates_markdown))
             if self.gate_results:
-                from gates.report import render_html
-
                 meta = {"model": report.model, "training run": report.training_run,
                         "release run": str(report.release_run), "outcome": report.outcome}
                 (out / "report.html").write_text(render_html(self.gate_results, meta))
-            mlflow.log_artifacts(str(out), "report")
-        metrics = {f"validation.{k}": float(v) for k, v in (report.validation or {}).get("metrics", {}).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if metrics:
-            mlflow.log_metrics(metrics)
-        mlflow.set_tag("relctl.outcome", report.outcome)
-
-
-def _jsonable(result: Any) -> dict[str, Any]:
-    data = result.to_dict() if hasattr(result, "to_dict") else {}
-    return {k: v for k, v in data.items() if k not in ("out_dir", "model_dir")}
-
-
-def _exporter_info(pipe: Pipeline) -> dict[str, Any]:
-    outcome = pipe.outcomes.get("convert") or pipe.outcomes.get("reference")
-    outputs = outcome.outputs if outcome else {}
-    return {k: outputs[k] for k in ("exporter", "exporter_version", "versions") if k in outputs}
-
-
-def _summ_intake(o: dict[str, Any]) -> str:
-    s = o["summary"]
-    adapter = s["adapter"]
-    extra = f", {adapter['peft_type']} adapter r={adapter['r']}" if adapter else ", no adapter"
-    return f"{s['model_type']} checkpoint, {s['tensors']} tensors, {s['weight_bytes'] / 1e6:.1f} MB{extra}"
-
-
-def _summ_validate(o: dict[str, Any]) -> str:
-    m = o["validation"].get("metrics", {})
-    verdict = "pass" if o["validation"]["passed"] else "FAIL"
-    return (f"{verdict}: top-1 {m.get('top1_agreement', float('nan')):.3f}, "
-            f"KL {m.get('mean_kl', float('nan')):.2e}, greedy {m.get('greedy_agreement', float('nan')):.2f}")
+            run.log_artifacts(out, "report")
+        for result in self.gate_results:
+            log_result(run, result)
+        run.log_metrics({f"{T.VALIDATION_PREFIX}{k}": float(v)
+                         for k, v in (report.validation or {}).get("metrics", {}).items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        run.set_tags({T.OUTCOME: report.outcome})

@@ -1,23 +1,19 @@
-"""Each pipeline stage as a subcommand, for running (or debugging) one step on its own."""
+"""Each pipeline stage as a subcommand: the very stage object `relctl promote` runs, run once into OUT."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
-from typing import Any
 
 import click
 
 from release.cli_support import Ctx, emit, handled, json_option
+from release.pipeline import run_standalone
 
 existing_dir = click.Path(exists=True, file_okay=False, path_type=Path)
 new_dir = click.Path(file_okay=False, path_type=Path)
-
-
-def _as_dict(result: Any) -> dict[str, Any]:
-    data: dict[str, Any] = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
-    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
-    return plain
+PRECISIONS = click.Choice(["fp32", "fp16", "int8", "int4"])
 
 
 @click.command()
@@ -30,12 +26,12 @@ def _as_dict(result: Any) -> dict[str, Any]:
 def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) -> None:
     """Download RUN_ID's checkpoint into OUT, check it without loading it, and print its lineage."""
     from release.api import open_registry
-    from release.stages.intake import run_intake
+    from release.stages.intake import IntakeInputs, IntakeStage
 
-    registry = open_registry(ctx.project_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result = run_intake(registry, registry.get_run(run_id), artifact_path, out.resolve())
-    emit(result, as_json, lambda: click.echo(f"checkpoint in {out / result['checkpoint']}: {result['summary']}"))
+    stage = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=artifact_path), open_registry(ctx.project_dir))
+    result = run_standalone(stage, out.resolve())
+    emit(result.model_dump(mode="json"), as_json,
+         lambda: click.echo(f"checkpoint in {out / result.checkpoint}: {stage.summary(result)}"))
 
 
 @click.command()
@@ -46,27 +42,28 @@ def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) 
 @handled
 def merge(base: Path, adapter: Path, out: Path, as_json: bool) -> None:
     """Fold the PEFT LoRA adapter in ADAPTER into the BASE checkpoint; write the merged checkpoint to OUT."""
-    from release.stages.merge import merge_checkpoint
+    from release.stages.merge import MergeInputs, MergeStage
 
-    report = merge_checkpoint(base, adapter, out)
-    emit(_as_dict(report), as_json, lambda: click.echo(f"merged checkpoint written to {out}"))
+    result = run_standalone(MergeStage(MergeInputs(upstream="", base=base, adapter=adapter, into="")), out)
+    emit(result.model_dump(mode="json"), as_json, lambda: click.echo(f"merged checkpoint written to {out}"))
 
 
 @click.command()
 @click.argument("model", type=existing_dir)
 @click.argument("out", type=new_dir)
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), default="int4", show_default=True,
-              help="Serving precision.")
+@click.option("--precision", type=PRECISIONS, default="int4", show_default=True, help="Serving precision.")
 @click.option("--exporter", type=click.Choice(["auto", "genai", "torch"]), default="auto", show_default=True,
               help="auto: onnxruntime-genai's model builder for supported decoders, torch.onnx otherwise.")
 @json_option
 @handled
 def convert(model: Path, out: Path, precision: str, exporter: str, as_json: bool) -> None:
     """Export the Hugging Face checkpoint MODEL to ONNX at PRECISION into OUT."""
-    from release.stages.convert import convert as run_convert
+    from release.stages.convert import ConvertInputs, ConvertStage
 
-    result = run_convert(model, out, precision, exporter=exporter)  # type: ignore[arg-type]
-    emit(_as_dict(result), as_json, lambda: click.echo(f"{precision} ONNX model written to {out}"))
+    inputs = ConvertInputs(upstream="", precision=precision, exporter=exporter, checkpoint=model,
+                           into="")
+    result = run_standalone(ConvertStage(inputs), out)
+    emit(result.model_dump(mode="json"), as_json, lambda: click.echo(f"{precision} ONNX model written to {out}"))
 
 
 @click.command()
@@ -85,13 +82,16 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
     """Compare the CANDIDATE ONNX model with its fp32 REFERENCE; exit 1 when a threshold fails."""
     from release.config import load_config
     from release.errors import Blocked
-    from release.stages.validate import load_prompts
-    from release.stages.validate import validate as run_validate
+    from release.hashing import sha256_file
+    from release.stages.validate import ValidateInputs, ValidateStage
 
     cfg = load_config(config_path)
-    result = run_validate(reference, candidate, load_prompts(prompts), tokenizer or reference / "tokenizer.json",
-                          cfg.validation)
-    data = _as_dict(result)
+    inputs = ValidateInputs(reference="", candidate="", prompts_sha256=sha256_file(prompts), thresholds=cfg.validation,
+                            reference_dir=reference, candidate_dir=candidate, prompts_path=prompts,
+                            tokenizer=tokenizer or reference / "tokenizer.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_standalone(ValidateStage(inputs), Path(tmp))
+    data = result.model_dump(mode="json")
 
     def text() -> None:
         for check in data["checks"]:
@@ -99,8 +99,8 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
             click.echo(f"{mark}  {check['metric']} = {check['value']:.6g} (needs {check['op']} {check['bound']})")
 
     emit(data, as_json, text)
-    if not data["passed"]:
-        raise Blocked(f"validation failed: {data['failures'][0]}", hint="choose another precision or relax thresholds")
+    if not result.passed:
+        raise Blocked(f"validation failed: {result.failures[0]}", hint="choose another precision or relax thresholds")
 
 
 @click.command()
@@ -108,18 +108,19 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
 @click.argument("source", type=existing_dir)
 @click.argument("out", type=new_dir)
 @click.option("--model-name", required=True, help="Name recorded in the manifest.")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]), required=True,
-              help="Precision of RUNTIME_MODEL.")
+@click.option("--precision", type=PRECISIONS, required=True, help="Precision of RUNTIME_MODEL.")
 @json_option
 @handled
 def package(runtime_model: Path, source: Path, out: Path, model_name: str, precision: str, as_json: bool) -> None:
     """Package the converted RUNTIME_MODEL with SOURCE's config into OUT, with sha256 of every file."""
     from release.config import ServingConfig
-    from release.stages.package import build_package
+    from release.stages.package import MANIFEST, PackageInputs, PackageStage
 
-    manifest = build_package(out, runtime_model, source, {"model_name": model_name, "precision": precision,
-                                                          "serving": ServingConfig().model_dump()})
-    emit(manifest.data, as_json, lambda: click.echo(f"package with {len(manifest.files)} files written to {out}"))
+    fields = {"model_name": model_name, "precision": precision, "serving": ServingConfig().model_dump()}
+    run_standalone(PackageStage(PackageInputs(validation="", fields=fields, into="", runtime_dir=runtime_model,
+                                              source_dir=source)), out)
+    data = json.loads((out / MANIFEST).read_text())
+    emit(data, as_json, lambda: click.echo(f"package with {len(data['files'])} files written to {out}"))
 
 
 @click.command()

@@ -1,28 +1,37 @@
-"""Registered versions' packages: fetch one and verify its checksums before it is served or rolled back to."""
+"""Registered versions' packages: fetch one and verify it against the registry before it is served or rolled back to.
+
+The checksum that counts is the one recorded on the version when it was released
+(`relctl.package_manifest_sha256`): the manifest must still have that digest, and every file must still
+match the manifest. A package whose files and manifest were rewritten together is refused.
+"""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
-import mlflow.artifacts
-
-from release.errors import RegistryError
+from release.errors import InputError, RegistryError
 from release.registry import Registry
+from release.registry import tags as T
 from release.stages.package import PackageManifest, verify_package
 
-PACKAGE_URI_TAG = "relctl.package_uri"
+PACKAGE_URI_TAG = T.PACKAGE_URI
 
 
 def fetch_package(registry: Registry, name: str, version: str, dest: Path) -> PackageManifest:
     mv = registry.get_version(name, version)
-    uri = mv.tags.get(PACKAGE_URI_TAG)
+    uri = mv.tags.get(T.PACKAGE_URI)
     if not uri:
-        raise RegistryError(f"{name} v{version} has no {PACKAGE_URI_TAG} tag; it was not registered by relctl")
+        raise RegistryError(f"{name} v{version} has no {T.PACKAGE_URI} tag; it was not registered by relctl")
+    anchor = mv.tags.get(T.MANIFEST_SHA256)
+    if not anchor:
+        raise InputError(f"{name} v{version} has no {T.MANIFEST_SHA256} tag, so its package cannot be verified",
+                         hint="re-register it with relctl register, which records the digest")
     target = dest / f"v{version}"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    local = mlflow.artifacts.download_artifacts(
-        artifact_uri=uri, dst_path=str(target), tracking_uri=registry.store.tracking_uri
-    )
-    return verify_package(Path(local))
+    local = registry.download_uri(uri, target)
+    try:
+        return verify_package(local, manifest_sha256=anchor)
+    except InputError as exc:
+        raise InputError(f"{name} v{version}: {exc.message}", hint=exc.hint) from exc

@@ -21,8 +21,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
 from release.errors import InputError, StageFailed
+from release.stages.base import Stage, StageInputs, StageResult, location
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Exporter = Literal["auto", "genai", "torch"]
@@ -248,7 +251,7 @@ def added_specials(tokenizer: Any) -> tuple[str | None, str | None]:
 def check_tokenizer_parity(model_dir: Path, out: Path) -> bool:
     """Whether the converted folder's served tokenizer encodes the probes exactly like the training one."""
     from release.runtime import GenaiModel
-    from release.stages.validate import EDGE_STRINGS, compare_tokenizers
+    from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
     served = GenaiModel.load(out)
     return compare_tokenizers(served.encode, model_dir / "tokenizer.json", list(EDGE_STRINGS)).passed
@@ -279,3 +282,51 @@ def tool_versions(exporter: str) -> dict[str, str]:
 def last_line(path: Path) -> str:
     lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1][-300:] if lines else "(empty log)"
+
+
+class ConvertInputs(StageInputs):
+    upstream: str = Field(description="fingerprint of the stage that produced the checkpoint")
+    precision: Precision
+    exporter: Exporter = "auto"
+    execution_provider: str = "cpu"
+    checkpoint: Path = location()
+    into: str = "model"
+
+
+class ConvertOutputs(StageResult):
+    model: str
+    precision: str
+    exporter: str
+    execution_provider: str
+    versions: dict[str, str]
+    files: dict[str, int]
+    tokenizer_parity: bool | None
+    notes: list[str]
+
+
+class ConvertStage(Stage[ConvertInputs, ConvertOutputs]):
+    """Export the checkpoint to ONNX at a precision (the fp32 build of it is the `reference`)."""
+
+    name = "convert"
+    result_type = ConvertOutputs
+
+    def __init__(self, inputs: ConvertInputs, label: str | None = None) -> None:
+        super().__init__(inputs)
+        self._label = label or self.name
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    def run(self, out: Path) -> ConvertOutputs:
+        target = out / self.inputs.into if self.inputs.into else out
+        result = convert(self.inputs.checkpoint, target, self.inputs.precision, exporter=self.inputs.exporter,
+                         execution_provider=self.inputs.execution_provider)
+        return ConvertOutputs(model=self.inputs.into, precision=result.precision, exporter=result.exporter,
+                              execution_provider=result.execution_provider, versions=result.versions,
+                              files=result.files, tokenizer_parity=result.tokenizer_parity, notes=result.notes)
+
+    def summary(self, result: ConvertOutputs) -> str:
+        if self.label == "reference":
+            return "fp32 reference ONNX"
+        return f"{result.precision} ONNX via {result.exporter}"

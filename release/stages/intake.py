@@ -5,15 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import mlflow.artifacts
-from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
-
 from release import checkpoint as ckpt
-from release.errors import InputError, RegistryError
+from release.errors import InputError
 from release.jsonfile import read_json_file
 from release.lineage import checkpoint_lineage, training_lineage
 from release.registry import Registry
+from release.stages.base import Stage, StageInputs, StageResult
 
 # Optional files the example (and any run that follows the layout) logs beside the checkpoint.
 PROMPTS_ARTIFACT = "validation/prompts.jsonl"
@@ -61,13 +58,66 @@ def _check_adapter(folder: Path) -> dict[str, Any]:
     }
 
 
-def fetch_artifacts(registry: Registry, run: Run, artifact_path: str, dest: Path) -> dict[str, str | None]:
+class AdapterSummary(StageResult):
+    peft_type: str | None
+    r: int | None
+    lora_alpha: float | None
+    target_modules: list[str] | str | None
+    tensors: int
+
+
+class CheckpointSummary(StageResult):
+    model_type: str
+    architectures: list[str]
+    weight_files: list[str]
+    tensors: int
+    weight_bytes: int
+    dtypes: list[str]
+    adapter: AdapterSummary | None
+
+
+class IntakeInputs(StageInputs):
+    run_id: str
+    artifact_path: str = "checkpoint"
+
+
+class IntakeResult(StageResult):
+    checkpoint: str
+    prompts: str | None
+    eval_data: str | None
+    summary: CheckpointSummary
+    lineage: dict[str, Any]
+
+
+class IntakeStage(Stage[IntakeInputs, IntakeResult]):
+    """Download the run's checkpoint (and optional prompts/eval set), check it unloaded, record lineage."""
+
+    name = "intake"
+    result_type = IntakeResult
+
+    def __init__(self, inputs: IntakeInputs, registry: Registry) -> None:
+        super().__init__(inputs)
+        self.registry = registry
+
+    def run(self, out: Path) -> IntakeResult:
+        run = self.registry.get_run(self.inputs.run_id)
+        fetched = fetch_artifacts(self.registry, run.info.run_id, self.inputs.artifact_path, out)
+        folder = out / str(fetched["checkpoint"])
+        summary = CheckpointSummary.model_validate(check_checkpoint(folder))
+        lineage = {"training": training_lineage(run),
+                   "checkpoint": checkpoint_lineage(folder, ckpt.weight_files(folder))}
+        return IntakeResult(checkpoint=str(fetched["checkpoint"]), prompts=fetched["prompts"],
+                            eval_data=fetched["eval_data"], summary=summary, lineage=lineage)
+
+    def summary(self, result: IntakeResult) -> str:
+        s = result.summary
+        extra = f", {s.adapter.peft_type} adapter r={s.adapter.r}" if s.adapter else ", no adapter"
+        return f"{s.model_type} checkpoint, {s.tensors} tensors, {s.weight_bytes / 1e6:.1f} MB{extra}"
+
+
+def fetch_artifacts(registry: Registry, run_id: str, artifact_path: str, dest: Path) -> dict[str, str | None]:
     """Download the checkpoint folder (required) and the optional prompts/eval files into `dest`."""
-    run_id = run.info.run_id
-    try:
-        listed = registry.client.list_artifacts(run_id, artifact_path)
-    except MlflowException as exc:
-        raise RegistryError(f"cannot list artifacts of run '{run_id}': {exc.message}") from exc
+    listed = registry.list_artifacts(run_id, artifact_path)
     if not listed:
         raise InputError(
             f"run '{run_id}' has no checkpoint at artifact path '{artifact_path}/'",
@@ -77,24 +127,10 @@ def fetch_artifacts(registry: Registry, run: Run, artifact_path: str, dest: Path
     out: dict[str, str | None] = {"checkpoint": _download(registry, run_id, artifact_path, dest)}
     for key, path in (("prompts", PROMPTS_ARTIFACT), ("eval_data", EVAL_ARTIFACT)):
         parent = path.rsplit("/", 1)[0]
-        names = {a.path for a in registry.client.list_artifacts(run_id, parent)}
-        out[key] = _download(registry, run_id, path, dest) if path in names else None
+        out[key] = _download(registry, run_id, path, dest) if path in registry.list_artifacts(run_id, parent) else None
     return out
 
 
 def _download(registry: Registry, run_id: str, path: str, dest: Path) -> str:
-    local = mlflow.artifacts.download_artifacts(
-        run_id=run_id, artifact_path=path, dst_path=str(dest), tracking_uri=registry.store.tracking_uri
-    )
-    return Path(local).relative_to(dest.resolve()).as_posix()
-
-
-def run_intake(registry: Registry, run: Run, artifact_path: str, stage_dir: Path) -> dict[str, Any]:
-    fetched = fetch_artifacts(registry, run, artifact_path, stage_dir)
-    folder = stage_dir / str(fetched["checkpoint"])
-    summary = check_checkpoint(folder)
-    lineage = {
-        "training": training_lineage(run),
-        "checkpoint": checkpoint_lineage(folder, ckpt.weight_files(folder)),
-    }
-    return {**fetched, "summary": summary, "lineage": lineage}
+    local = registry.download_run_artifact(run_id, path, dest)
+    return local.relative_to(dest.resolve()).as_posix()

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from release.checkpoint import (
     SafetensorsHeader,
     check_index,
@@ -28,6 +30,7 @@ from release.checkpoint import (
 from release.errors import InputError, StageFailed
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.settings import read_settings
+from release.stages.base import Stage, StageInputs, StageResult, location
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -226,3 +229,37 @@ def _notes(plan: AdapterPlan) -> list[str]:
         notes.append(f"base tensors replaced by the adapter's trained copies: {', '.join(names[:5])}"
                      + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
     return notes
+
+
+class MergeInputs(StageInputs):
+    upstream: str = Field(description="fingerprint of the stage that produced the checkpoint")
+    base: Path = location()
+    adapter: Path = location()
+    # The merged checkpoint's folder inside the stage folder ("" = the stage folder itself).
+    into: str = "model"
+
+
+class MergeResult(StageResult):
+    model: str
+    lora_modules: int
+    dora_modules: int
+    tensors_changed: int
+    bytes_written: int
+    notes: list[str]
+
+
+class MergeStage(Stage[MergeInputs, MergeResult]):
+    """Fold the PEFT LoRA adapter into the base checkpoint, exactly as peft's merge_and_unload."""
+
+    name = "merge"
+    result_type = MergeResult
+
+    def run(self, out: Path) -> MergeResult:
+        target = out / self.inputs.into if self.inputs.into else out
+        report = merge_checkpoint(self.inputs.base, self.inputs.adapter, target)
+        return MergeResult(model=self.inputs.into, lora_modules=report.lora_modules,
+                           dora_modules=report.dora_modules, tensors_changed=report.tensors_changed,
+                           bytes_written=report.bytes_written, notes=report.notes)
+
+    def summary(self, result: MergeResult) -> str:
+        return f"LoRA folded into the base ({result.lora_modules} modules)"

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from release.errors import InputError
-from release.hashing import sha256_json, sha256_tree
+from release.hashing import sha256_file, sha256_json, sha256_tree
+from release.stages.base import Stage, StageInputs, StageResult, location
 
 MANIFEST = "relctl-package.json"
 FORMAT = 1
@@ -79,11 +82,20 @@ def build_package(
     return PackageManifest(root=out_dir, data=data)
 
 
-def verify_package(root: Path) -> PackageManifest:
-    """Read the manifest and check every file's sha256; raise InputError on any difference."""
+def verify_package(root: Path, manifest_sha256: str | None = None) -> PackageManifest:
+    """Read the manifest and check every file's sha256; raise InputError on any difference.
+
+    `manifest_sha256` is the digest the registry recorded when the version was released: a manifest
+    rewritten to match changed files no longer matches it, so the check is anchored outside the package.
+    """
     path = root / MANIFEST
     if not path.is_file():
         raise InputError(f"{root}: not a relctl package ({MANIFEST} missing)", hint="build it with relctl promote")
+    if manifest_sha256 is not None and sha256_file(path) != manifest_sha256:
+        raise InputError(
+            f"{root.name}: {MANIFEST} differs from the manifest recorded in the registry when it was released",
+            hint="the package was rewritten after release; restore it from the release run or re-promote",
+        )
     data = json.loads(path.read_text())
     actual = sha256_tree(root, exclude=frozenset({MANIFEST}))
     expected: dict[str, str] = data["files"]
@@ -99,3 +111,34 @@ def verify_package(root: Path) -> PackageManifest:
     if extra:
         raise InputError(f"{root.name}: {extra[0]} is not listed in {MANIFEST}", hint="remove files added by hand")
     return PackageManifest(root=root, data=data)
+
+
+class PackageInputs(StageInputs):
+    validation: str = Field(description="fingerprint of the validated candidate")
+    # model_name, precision, exporter, lineage, serving, validation: all recorded in the manifest.
+    fields: dict[str, Any]
+    into: str = "package"
+    runtime_dir: Path = location()
+    source_dir: Path = location()
+
+
+class PackageResult(StageResult):
+    package: str
+    files: int
+    serving_config_hash: str
+
+
+class PackageStage(Stage[PackageInputs, PackageResult]):
+    """The runtime model, the source config and a manifest with sha256 of every file."""
+
+    name = "package"
+    result_type = PackageResult
+
+    def run(self, out: Path) -> PackageResult:
+        target = out / self.inputs.into if self.inputs.into else out
+        manifest = build_package(target, self.inputs.runtime_dir, self.inputs.source_dir, self.inputs.fields)
+        return PackageResult(package=self.inputs.into, files=len(manifest.files),
+                             serving_config_hash=manifest.serving_config_hash)
+
+    def summary(self, result: PackageResult) -> str:
+        return f"{result.files} files, serving config {result.serving_config_hash}"

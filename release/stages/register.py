@@ -3,29 +3,46 @@
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
 verify and load); the ONNX graph is logged through mlflow.onnx with a named TensorSpec signature and
 explicit pip requirements, so the version also loads with mlflow.pyfunc.
+
+Idempotent against the registry: a version is created with `relctl.release_state=registering` and
+becomes `released` once its aliases moved. A re-run after a crash in between finds that version (same
+package content, still registering) and finishes it instead of creating a twin. Under the model's
+lock, the alias move re-checks that production is still the version the gates compared with.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import mlflow
-import mlflow.onnx
 import numpy as np
 import onnx
 from mlflow.models.signature import ModelSignature
 from mlflow.types.schema import Schema, TensorSpec
+from pydantic import Field
 
-from release.hashing import sha256_json
-from release.registry import Registry
+from release.errors import RegistryError
+from release.faults import pause_point
+from release.hashing import sha256_file, sha256_json
+from release.pipeline import run_standalone
+from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import tags as T
+from release.registry.runs import ReleaseRun
+from release.stages.base import Stage, StageInputs, StageResult, location
 from release.stages.package import MANIFEST, PackageManifest
 
 PACKAGE_ARTIFACT = "package"
 MLFLOW_TAG_MAX = 5000
-CONTENT_TAG = "relctl.package_content_sha256"
+CONTENT_TAG = T.CONTENT_SHA256
+# Passed as expected_production when the caller has no comparison to protect (relctl register).
+NOT_CHECKED = "unchecked"
+
+
+class ProductionMoved(RegistryError):
+    """Production changed while the gates ran: their comparison no longer holds (exit 4)."""
 
 
 def onnx_signature(model_path: Path) -> ModelSignature:
@@ -47,24 +64,9 @@ def runtime_requirements() -> list[str]:
     return [f"{name}=={dist_version(name)}" for name in ("onnx", "onnxruntime", "onnxruntime-genai")]
 
 
-def log_package(release_run_id: str, package: PackageManifest) -> str:
-    """Upload the package folder; returns the artifact URI recorded as relctl.package_uri."""
-    mlflow.log_artifacts(str(package.root), PACKAGE_ARTIFACT, run_id=release_run_id)
-    return f"runs:/{release_run_id}/{PACKAGE_ARTIFACT}"
-
-
-def log_onnx_model(package: PackageManifest) -> Any:
-    """mlflow.onnx model of the packaged graph (must run inside the active release run)."""
-    model_path = package.model_dir / "model.onnx"
-    extras = [str(p) for p in sorted(package.model_dir.iterdir()) if p.is_file() and not p.name.startswith("model.onnx")]
-    extras.append(str(package.root / MANIFEST))
-    return mlflow.onnx.log_model(
-        onnx_model=onnx.load(str(model_path)),
-        name="model",
-        signature=onnx_signature(model_path),
-        pip_requirements=runtime_requirements(),
-        extra_files=extras,
-    )
+def content_sha256(package: PackageManifest) -> str:
+    """Identity of what is served: the sha256 of every file but the manifest."""
+    return sha256_json(package.files)
 
 
 def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[str, Any]) -> dict[str, str]:
@@ -73,18 +75,20 @@ def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[
     ckpt = lineage.get("checkpoint", {})
     repo = lineage.get("release_repo", {})
     tags: dict[str, Any] = {
-        "relctl.training_run_id": training.get("run_id"),
-        "lineage.git_commit": training.get("git_commit"),
-        "lineage.git_dirty": training.get("git_dirty"),
-        "lineage.config_sha256": ckpt.get("config_sha256"),
-        "lineage.release_repo_commit": repo.get("commit"),
-        "lineage.release_repo_dirty": repo.get("dirty"),
-        "relctl.precision": package.data.get("precision"),
-        "relctl.serving_config_hash": package.serving_config_hash,
-        **{f"lineage.data.{k}.sha256": v for k, v in training.get("data_sha256", {}).items()},
-        **{f"lineage.weights.{k}.sha256": v for k, v in ckpt.get("weights_sha256", {}).items()},
-        **{f"lineage.adapter.{k}.sha256": v for k, v in ckpt.get("adapter_sha256", {}).items()},
-        **{f"relctl.exporter.{k}": v for k, v in package.data.get("exporter", {}).items()},
+        T.TRAINING_RUN: training.get("run_id"),
+        T.GIT_COMMIT: training.get("git_commit"),
+        T.GIT_DIRTY: training.get("git_dirty"),
+        T.CONFIG_SHA256: ckpt.get("config_sha256"),
+        T.RELEASE_REPO_COMMIT: repo.get("commit"),
+        T.RELEASE_REPO_DIRTY: repo.get("dirty"),
+        T.PRECISION: package.data.get("precision"),
+        T.SERVING_CONFIG_HASH: package.serving_config_hash,
+        T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
+        T.CONTENT_SHA256: content_sha256(package),
+        **{f"{T.DATA_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in training.get("data_sha256", {}).items()},
+        **{f"{T.WEIGHTS_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("weights_sha256", {}).items()},
+        **{f"{T.ADAPTER_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("adapter_sha256", {}).items()},
+        **{f"{T.EXPORTER_PREFIX}{k}": v for k, v in package.data.get("exporter", {}).items()},
         **extra,
     }
     out = {}
@@ -96,45 +100,145 @@ def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[
     return out
 
 
-def register_version(
-    registry: Registry, name: str, release_run_id: str, model_uri: str, model_id: str | None,
-    tags: dict[str, str], description: str,
-) -> str:
+def unfinished_version(registry: Registry, name: str, content: str) -> str | None:
+    """A version of this very package that a crashed release created but never finished."""
+    if not registry.model_exists(name):
+        return None
+    for mv in registry.find_versions(name, T.CONTENT_SHA256, content):
+        if mv.tags.get(T.RELEASE_STATE) == "registering":
+            return str(mv.version)
+    return None
+
+
+def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageManifest, lineage: dict[str, Any],
+            extra: dict[str, Any], description: str, state: str = "registering") -> str:
+    """Log the package and its ONNX model to the release run and register them as a new version."""
+    run.log_artifacts(package.root, PACKAGE_ARTIFACT)
+    extras = [str(p) for p in sorted(package.model_dir.iterdir())
+              if p.is_file() and not p.name.startswith("model.onnx")] + [str(package.root / MANIFEST)]
+    model_path = package.model_dir / "model.onnx"
+    info = run.log_onnx_model(model_path, extras, onnx_signature(model_path), runtime_requirements())
+    tags = version_tags(lineage, package, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state,
+                                           T.PACKAGE_URI: f"runs:/{run.run_id}/{PACKAGE_ARTIFACT}", **extra})
     registry.ensure_model(name, description="Served by relctl. Versions are promoted from training runs.")
-    mv = registry.create_version(name, model_uri, release_run_id, tags, description, model_id=model_id)
+    mv = registry.create_version(name, info.model_uri, run.run_id, tags, description,
+                                 model_id=getattr(info, "model_id", None))
+    pause_point("register:version-created")
     return str(mv.version)
 
 
+def promote_version(registry: Registry, name: str, version: str, reason: str, release_run: str | None,
+                    expected_production: str | None = NOT_CHECKED, clear_candidate: bool = False,
+                    action: str = "promote") -> tuple[AliasMove | None, list[str]]:
+    """`production` -> version, `previous` -> what production was (and `candidate` cleared after a canary),
+    in one history entry; refused if production moved meanwhile."""
 
-def publish(registry: Registry, name: str, run_id: str, package: PackageManifest, lineage: dict[str, Any],
-            extra: dict[str, Any], description: str) -> str:
-    """Log the package and its ONNX model to release run `run_id` and register them as a new version."""
-    package_uri = log_package(run_id, package)
-    info = log_onnx_model(package)
-    tags = version_tags(lineage, package, {"relctl.release_run_id": run_id, "relctl.package_uri": package_uri,
-                                           CONTENT_TAG: content_sha256(package), **extra})
-    return register_version(registry, name, run_id, info.model_uri, getattr(info, "model_id", None), tags,
-                            description)
+    def decide(current: dict[str, str]) -> dict[str, str | None]:
+        now = current.get(PRODUCTION)
+        if expected_production != NOT_CHECKED and now != expected_production:
+            was = f"v{expected_production}" if expected_production else "no production version"
+            raise ProductionMoved(
+                f"{name}: production moved from {was} to {f'v{now}' if now else 'none'} while the gates ran; "
+                f"v{version} was registered but not promoted",
+                hint="production changed under this release (a rollback?); re-run relctl promote to gate "
+                     "the candidate against the new production")
+        changes: dict[str, str | None] = {PRODUCTION: version}
+        if now is not None and now != version:
+            changes[PREVIOUS] = now
+        if clear_candidate:
+            changes[CANDIDATE] = None
+        return changes
+
+    move, notes = registry.locked_move(name, decide, action, reason, release_run)
+    registry.set_version_tag(name, version, T.RELEASE_STATE, "released")
+    return move, notes
 
 
-def content_sha256(package: PackageManifest) -> str:
-    """Identity of what is served: the sha256 of every file but the manifest."""
-    return sha256_json(package.files)
+class RegisterInputs(StageInputs):
+    model: str
+    content_sha256: str
+    lineage: dict[str, Any]
+    extra_tags: dict[str, Any]
+    description: str
+    # production: released at once; candidate: registered and aliased `candidate` for an after-register
+    # gate (the canary) to decide; none: registered only (relctl register without --production).
+    target: Literal["production", "candidate", "none"] = "production"
+    reason: str = "promoted"
+    # The production version the gates compared with (None: there was none); NOT_CHECKED skips the check.
+    expected_production: str | None = NOT_CHECKED
+    package_dir: Path = location()
 
 
-def register_package(registry: Registry, package: PackageManifest, name: str, experiment_id: str,
-                     production: bool) -> tuple[str, str]:
+class RegisterResult(StageResult):
+    version: str
+    outcome: str                     # released | candidate | registered | unchanged
+    resumed_version: bool = False    # a crashed release's version was found and finished
+    aliases: dict[str, list[str | None]] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class RegisterStage(Stage[RegisterInputs, RegisterResult]):
+    """Create (or find, after a crash) the version and move the aliases. Its state is the registry's."""
+
+    name = "register"
+    phase = "register"
+    result_type = RegisterResult
+    resumable = False
+
+    def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest) -> None:
+        super().__init__(inputs)
+        self.registry, self.release, self.package = registry, run, package
+
+    def run(self, out: Path) -> RegisterResult:
+        i, registry = self.inputs, self.registry
+        notes = registry.repair(i.model)
+        current = registry.version_for(i.model, PRODUCTION) if registry.model_exists(i.model) else None
+        if i.target != "none" and current is not None and current.tags.get(T.CONTENT_SHA256) == i.content_sha256:
+            # Promoting what already serves is a no-op, not a new version that replaces its own twin.
+            return RegisterResult(version=str(current.version), outcome="unchanged", notes=notes)
+        version = unfinished_version(registry, i.model, i.content_sha256)
+        resumed = version is not None
+        if version is None:
+            version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
+                              state="registered" if i.target == "none" else "registering")
+        else:
+            notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
+        if i.target == "none":
+            return RegisterResult(version=version, outcome="registered", resumed_version=resumed, notes=notes)
+        if i.target == "candidate":
+            move = registry.move_aliases(i.model, {CANDIDATE: version}, "candidate", i.reason, self.release.run_id)
+            return RegisterResult(version=version, outcome="candidate", resumed_version=resumed,
+                                  aliases=move.changes if move else {}, notes=notes)
+        move, repaired = promote_version(registry, i.model, version, i.reason, self.release.run_id,
+                                         i.expected_production)
+        return RegisterResult(version=version, outcome="released", resumed_version=resumed,
+                              aliases=move.changes if move else {}, notes=notes + repaired)
+
+    def summary(self, result: RegisterResult) -> str:
+        if result.outcome == "unchanged":
+            return f"{self.inputs.model} v{result.version} already serves this package; nothing moved"
+        if result.outcome == "registered":
+            return f"{self.inputs.model} v{result.version} registered"
+        if result.outcome == "candidate":
+            return f"{self.inputs.model} v{result.version} is the candidate (canary next)"
+        previous = result.aliases.get(PREVIOUS, [None, None])[1]
+        return f"{self.inputs.model} v{result.version} is production" + (f" (previous: v{previous})" if previous else "")
+
+
+def register_package(registry: Registry, package: PackageManifest, name: str, production: bool) -> tuple[str, str]:
     """Register a verified package on its own (`relctl register`): (version, release run id).
 
-    Lineage tags come from the package manifest; no gate ran, which the version's tags say.
+    The same RegisterStage as promote's, with lineage from the package manifest; no gate ran, which the
+    version's tags say.
     """
     content = content_sha256(package)
     description = (f"# {name} — {package.data.get('precision')} ONNX\n\nRegistered with `relctl register` "
                    f"from a package (content sha256 `{content}`); no gate ran.")
-    with mlflow.start_run(experiment_id=experiment_id, run_name=f"register {name} from {package.root.name}") as run:
-        mlflow.set_tags({"relctl.model": name, "relctl.outcome": "registered"})
-        version = publish(registry, name, run.info.run_id, package, package.data.get("lineage", {}),
-                          {"relctl.gates": "not run (relctl register)"}, description)
-    if production:
-        registry.promote(name, version, "relctl register --production", run.info.run_id)
-    return version, run.info.run_id
+    with registry.release_run(name, f"register {name} from {package.root.name}", {T.OUTCOME: "registered"}) as run:
+        inputs = RegisterInputs(model=name, content_sha256=content, lineage=package.data.get("lineage", {}),
+                                extra_tags={T.GATES_NOTE: "not run (relctl register)"}, description=description,
+                                target="production" if production else "none", reason="relctl register --production",
+                                package_dir=package.root)
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_standalone(RegisterStage(inputs, registry, run, package), Path(tmp))
+    return result.version, run.run_id

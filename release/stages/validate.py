@@ -18,29 +18,23 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
-from gates.base import ThresholdCheck
+from release.checks import ThresholdCheck
 from release.config import ValidationConfig
 from release.errors import InputError, ReleaseError
 from release.runtime import GenaiModel, read_genai_config
+from release.stages.base import Stage, StageInputs, StageResult, location
+from release.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 
-# Strings every served tokenizer must encode like the training one, beside the prompts themselves.
-EDGE_STRINGS = ("", " ", "   \t\n  ", "naïve café ✓ 日本語 🙂", "  leading and trailing  ", "Hello world")
 
-
-@dataclass(frozen=True)
-class TokenizerParity:
-    """Served vs training tokenizer on `checked` strings; the first mismatch with both id lists."""
-
-    passed: bool
-    checked: int
-    first_mismatch: dict[str, Any] | None = None
+class NonFiniteLogits(ValueError):
+    """The candidate computed NaN or Inf: evidence against it, reported by name."""
 
 
 @dataclass
@@ -86,26 +80,6 @@ def load_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def compare_tokenizers(
-    encode: Callable[[str], list[int]], training_tokenizer: Path, texts: list[str]
-) -> TokenizerParity:
-    """Compare `encode` (the served tokenizer) with tokenizers' encode of `training_tokenizer` (BOS included)."""
-    from tokenizers import Tokenizer
-
-    if not training_tokenizer.is_file():
-        raise InputError(f"{training_tokenizer}: training tokenizer not found", hint="pass the checkpoint's tokenizer.json")
-    training = Tokenizer.from_file(str(training_tokenizer))
-    for text in texts:
-        served, expected = encode(text), list(training.encode(text).ids)
-        if served != expected:
-            return TokenizerParity(
-                passed=False,
-                checked=len(texts),
-                first_mismatch={"text": text, "served_ids": served, "training_ids": expected},
-            )
-    return TokenizerParity(passed=True, checked=len(texts))
-
-
 def validate(
     reference_dir: Path,
     candidate_dir: Path,
@@ -135,6 +109,9 @@ def validate(
         metrics.update(greedy)
     except ReleaseError:
         raise
+    except NonFiniteLogits as exc:
+        return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False,
+                                failures=[f"candidate: {exc} (overflow at this precision?)"])
     except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is evidence, not a relctl crash
         message = f"candidate: failed to run ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})"
         return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False, failures=[message])
@@ -167,10 +144,14 @@ def logit_metrics(
     """top1_agreement and mean_kl over all positions; perplexities on continuation and prompt tokens."""
     agree, kls = [], []
     nll: dict[str, list[np.ndarray]] = {"ref": [], "cand": [], "prompt_ref": [], "prompt_cand": []}
-    for ids, continuation in zip(token_ids, continuations, strict=True):
+    for number, (ids, continuation) in enumerate(zip(token_ids, continuations, strict=True), start=1):
         sequence = ids + continuation
+        raw_cand = candidate.logits(sequence)
+        if not np.isfinite(raw_cand).all():
+            # NaN/Inf logits poison every average below; name them instead of reporting "top-1 0".
+            raise NonFiniteLogits(f"candidate logits contain NaN or Inf on prompt {number}")
         log_ref = log_softmax(reference.logits(sequence).astype(np.float64))
-        log_cand = log_softmax(candidate.logits(sequence).astype(np.float64))
+        log_cand = log_softmax(raw_cand.astype(np.float64))
         agree.append(log_ref.argmax(-1) == log_cand.argmax(-1))
         kls.append((np.exp(log_ref) * (log_ref - log_cand)).sum(-1))
         # Position i predicts token i + 1.
@@ -246,3 +227,44 @@ def perplexity(nlls: list[np.ndarray]) -> float:
     if tokens.size == 0:
         return float("nan")
     return math.exp(float(tokens.mean()))
+
+
+class ValidateInputs(StageInputs):
+    reference: str = Field(description="fingerprint of the fp32 reference build")
+    candidate: str = Field(description="fingerprint of the candidate build")
+    prompts_sha256: str
+    thresholds: ValidationConfig
+    reference_dir: Path = location()
+    candidate_dir: Path = location()
+    prompts_path: Path = location()
+    tokenizer: Path = location()
+
+
+class ValidateResult(StageResult):
+    report: str
+    passed: bool
+    failures: list[str]
+    metrics: dict[str, float]
+    checks: list[ThresholdCheck]
+    tokenizer_parity: TokenizerParity
+    details: dict[str, Any]
+
+
+class ValidateStage(Stage[ValidateInputs, ValidateResult]):
+    """Quality of the candidate against the fp32 reference; a failing candidate is a result, not an error."""
+
+    name = "validate"
+    result_type = ValidateResult
+
+    def run(self, out: Path) -> ValidateResult:
+        i = self.inputs
+        report = validate(i.reference_dir, i.candidate_dir, load_prompts(i.prompts_path), i.tokenizer, i.thresholds)
+        data = report.to_dict()
+        (out / "validation.json").write_text(json.dumps(data, indent=2, default=str))
+        return ValidateResult.model_validate({"report": "validation.json", **json.loads(json.dumps(data, default=str))})
+
+    def summary(self, result: ValidateResult) -> str:
+        m = result.metrics
+        verdict = "pass" if result.passed else "FAIL"
+        return (f"{verdict}: top-1 {m.get('top1_agreement', float('nan')):.3f}, "
+                f"KL {m.get('mean_kl', float('nan')):.2e}, greedy {m.get('greedy_agreement', float('nan')):.2f}")

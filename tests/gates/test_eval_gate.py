@@ -11,8 +11,8 @@ import pytest
 
 from gates.base import GateContext, GateResult, ProductionRef
 from gates.eval import EvalGate
-from gates.registry import load_gates, run_gates
-from gates.report import render_html, render_markdown
+from release.gating.plugins import load_gates, run_gates
+from release.gating.report import render_html, render_markdown
 from release.errors import InputError
 
 # Absolute bounds a usable model meets, plus no-regression bounds against production.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gates.eval import EvalConfig, EvalGate
-from gates.registry import available_gates, load_gates
+from release.gating.plugins import available_gates, load_gates
 from gates.safety import SafetyGate
 from release.errors import ConfigError
 

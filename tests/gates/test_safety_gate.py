@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gates.base import GateContext, GateResult
-from gates.registry import load_gates, run_gates
-from gates.report import render_html, render_markdown
+from release.gating.plugins import load_gates, run_gates
+from release.gating.report import render_html, render_markdown
 from gates.safety import DEFAULT_SUITE, SafetyConfig, SafetyGate, load_suite
 from release.errors import ConfigError, InputError
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from gates.base import GateResult, ThresholdCheck
+from release.gating.contract import GateResult, ThresholdCheck
 
 STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped"}
 MAX_HTML_EXAMPLES = 20

@@ -13,10 +13,12 @@ from click.testing import CliRunner
 from release import api
 from release.cli import cli
 from release.errors import InputError
+from release.hashing import sha256_file
 from release.registry import Registry
-from release.stages.package import build_package
+from release.registry import tags as T
+from release.stages.package import MANIFEST, build_package
+from release.stages.register import promote_version
 from release.store import connect, ensure_experiment, resolve_store
-from release.versions import PACKAGE_URI_TAG
 
 MODEL = "demo-model"
 
@@ -38,9 +40,9 @@ def _register(project_dir: Path, tmp: Path, n: int) -> str:
         mlflow.log_artifacts(str(package.root), "package")
         uri = f"runs:/{run.info.run_id}/package"
     registry.ensure_model(MODEL, "test")
-    mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id,
-                                 {PACKAGE_URI_TAG: uri}, f"v{n}")
-    registry.promote(MODEL, str(mv.version), f"release {n}", run.info.run_id)
+    tags = {T.PACKAGE_URI: uri, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST)}
+    mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id, tags, f"v{n}")
+    promote_version(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
     return str(mv.version)
 
 

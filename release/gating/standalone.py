@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from gates.base import GateContext, GateResult, ProductionRef
-from gates.registry import find_gate, run_gate, validate_block
 from release.config import CONFIG_FILE, load_config
+from release.gating.contract import GateContext, GateResult, ProductionRef
+from release.gating.plugins import find_gate, run_gate, validate_block
 from release.stages.package import verify_package
 
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gates.base import Gate, GateContext, GateResult
 from release.errors import ConfigError, InputError
+from release.gating.contract import Gate, GateContext, GateResult
 
 ENTRY_POINT_GROUP = "relctl.gates"
 
@@ -92,27 +92,13 @@ def find_gate(gate_id: str) -> type[Gate]:
     return _load(known[gate_id])
 
 
-def run_gates(
-    gates: list[Gate],
-    context_factory: Callable[[str], GateContext],
-    fail_fast: bool = False,
-) -> list[GateResult]:
-    """Run `gates` in order, each with `context_factory(gate_id)`; a gate that crashes is a failed gate with the exception as its reason.
+def run_gates(gates: list[Gate], context_factory: Callable[[str], GateContext]) -> list[GateResult]:
+    """Run `gates` in order, each with `context_factory(gate_id)`; a gate that crashes is a failed gate.
 
-    InputError (bad data or config, exit 2) propagates: it is the user's to fix, not a verdict on the
-    model. With `fail_fast`, gates after the first failure are reported as skipped.
+    Every gate runs even after one fails, so the report shows all the evidence at once. InputError (bad
+    data or config, exit 2) propagates: it is the user's to fix, not a verdict on the model.
     """
-    results: list[GateResult] = []
-    blocker: str | None = None
-    for gate in gates:
-        if blocker is not None:
-            results.append(GateResult(gate=gate.id, status="skipped", reason=f"not run: gate '{blocker}' failed"))
-            continue
-        result = run_gate(gate, context_factory(gate.id))
-        results.append(result)
-        if fail_fast and result.status == "fail":
-            blocker = gate.id
-    return results
+    return [run_gate(gate, context_factory(gate.id)) for gate in gates]
 
 
 def run_gate(gate: Gate, context: GateContext) -> GateResult:

@@ -28,8 +28,8 @@ from release.errors import EXIT_BLOCKED
 def gate(ctx: Ctx, gate_id: str, package_dir: Path, config_path: Path | None, eval_dataset: Path | None,
          baseline_dir: Path | None, out_dir: Path | None, as_json: bool) -> None:
     """Run gate GATE_ID on PACKAGE_DIR; exit 0 on pass or skipped, 1 on fail, 2 on bad input."""
-    from gates.report import render_html, render_markdown, result_to_dict
-    from gates.standalone import default_config, run_standalone
+    from release.gating.report import render_html, render_markdown, result_to_dict
+    from release.gating.standalone import default_config, run_standalone
 
     ctx.as_json = as_json
     work = out_dir or ctx.project_dir / ".relctl" / "gate-runs" / gate_id

@@ -1,0 +1,62 @@
+"""The one error policy: every exception relctl can meet, as a line, a hint and an exit code.
+
+Both the CLI (what is printed, what the process returns) and the release report (what it records)
+use `classify`, so they never disagree: Ctrl-C is 130 in both, SIGTERM 143, a relctl bug 3.
+"""
+
+from __future__ import annotations
+
+import errno
+import signal
+import traceback
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from release.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_STAGE_FAILED, ReleaseError
+
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so it unwinds (and cleans up) exactly like Ctrl-C."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    message: str
+    hint: str | None
+    exit_code: int
+    bug: bool = False
+
+
+def classify(exc: BaseException) -> Failure:
+    if isinstance(exc, ReleaseError):
+        return Failure(exc.message, exc.hint, exc.exit_code)
+    if isinstance(exc, Terminated):
+        return Failure("terminated (SIGTERM)", "nothing was registered after the signal; re-run to resume",
+                       EXIT_TERMINATED)
+    if isinstance(exc, KeyboardInterrupt):
+        return Failure("interrupted", "finished stages are kept; re-run the same command to resume", EXIT_INTERRUPTED)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Failure(f"out of disk space: {exc}", "free space under the project's .relctl/ folder", EXIT_STAGE_FAILED)
+    first = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+    return Failure(f"unexpected {first}", None, EXIT_BUG, bug=True)
+
+
+def write_log(exc: BaseException, log_dir: Path) -> Path:
+    """The full traceback in `log_dir`, for a bug report."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"relctl-{datetime.now(UTC):%Y%m%dT%H%M%S%f}.log"
+    log.write_text("".join(traceback.format_exception(exc)))
+    return log
+
+
+def raise_on_sigterm() -> None:
+    """Turn SIGTERM into Terminated in the main thread (servers install their own drain handler)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,86 @@
+"""The gate contract. Gate authors import it as `gates.base`; the pipeline runs gates through it.
+
+A gate is a class with
+    id:      the same string as its module name, its release.yaml key and its report label
+    Config:  a pydantic model (extra="forbid") for its `gates.<id>` block
+    phase:   "before_register" (default: judged on the package alone) or "after_register" (needs the
+             registered version, e.g. the canary, which serves it beside production)
+    run(context) -> GateResult
+and is constructed with its validated Config: `Gate(config)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel
+
+from release.checks import ThresholdCheck
+
+GateStatus = Literal["pass", "fail", "skipped"]
+GatePhase = Literal["before_register", "after_register"]
+
+__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "ProductionRef", "ThresholdCheck",
+           "gate_phase"]
+
+
+@dataclass
+class GateResult:
+    gate: str
+    status: GateStatus
+    reason: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    thresholds: list[ThresholdCheck] = field(default_factory=list)
+    evidence: list[Path] = field(default_factory=list)
+    # Anything else worth keeping in the JSON report (dataset digest, sample transcripts, ...).
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProductionRef:
+    """The version `production` points at when the release starts (None in GateContext when there is none)."""
+
+    version: str
+    package_dir: Path
+    # The version's MLflow tags; gates read earlier results from them (e.g. gate.eval.<metric>).
+    tags: dict[str, str]
+
+
+@dataclass(frozen=True)
+class GateContext:
+    model_name: str
+    package_dir: Path          # the candidate package (verified)
+    work_dir: Path             # this gate's own folder for evidence files
+    production: ProductionRef | None
+    # The eval set handed in by the pipeline (the run's data/eval.jsonl artifact); gates.eval.dataset wins.
+    eval_dataset: Path | None = None
+    # The folder of release.yaml: relative paths in a gate's block (datasets, suites, traces) mean files there.
+    config_dir: Path | None = None
+    # After-register gates only: the candidate's registered version.
+    version: str | None = None
+    # Polled by long gates (the canary) between checks: a reason to stop at once (production moved by a
+    # rollback, the release was interrupted), or None to go on.
+    should_stop: Callable[[], str | None] | None = None
+
+    def resolve(self, path: Path | str) -> Path:
+        """`path` from a gate's config block, relative to release.yaml's folder (not the process's cwd)."""
+        p = Path(path)
+        return p if p.is_absolute() or self.config_dir is None else self.config_dir / p
+
+
+class Gate(Protocol):
+    id: ClassVar[str]
+    Config: ClassVar[type[BaseModel]]
+
+    def run(self, context: GateContext) -> GateResult:
+        """Evaluate the candidate; return pass / fail / skipped with its evidence. Never raise to block."""
+        ...
+
+
+def gate_phase(gate: Gate) -> GatePhase:
+    """When `gate` runs; a gate that declares nothing runs before register, on the package alone."""
+    phase: GatePhase = getattr(gate, "phase", "before_register")
+    return phase

@@ -1,0 +1,216 @@
+"""The one MLflow seam: runs, artifacts, registered models, versions, tags and aliases.
+
+Nothing else in relctl calls MLflow; every failure of MLflow becomes a RegistryError (exit 4), and a
+missing run or model an InputError (exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path, PurePosixPath
+
+import mlflow.artifacts
+from mlflow.entities import Run
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from release.errors import InputError, RegistryError
+from release.registry import aliases as al
+from release.registry import lock as lk
+from release.registry import runs
+from release.registry import tags as T
+from release.store import Store, ensure_experiment
+
+PRODUCTION = "production"
+PREVIOUS = "previous"
+CANDIDATE = "candidate"
+Decide = Callable[[dict[str, str]], dict[str, str | None]]
+
+
+def _not_found(exc: MlflowException) -> bool:
+    return exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE")
+
+
+def safe_artifact_path(path: str) -> str:
+    """A run-relative artifact path; anything that could leave the run (.., absolute, ~) is bad input."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts or path.startswith("~") or "\\" in path:
+        raise InputError(f"artifact path '{path}' points outside the run",
+                         hint="use a path relative to the run's artifact root, e.g. 'checkpoint'")
+    return pure.as_posix()
+
+
+def refuse_symlinks(root: Path) -> None:
+    """A downloaded artifact tree must hold plain files: a symlink could point anywhere on this machine."""
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            raise InputError(f"artifact '{path.relative_to(root.parent)}' is a symbolic link",
+                             hint="log the file itself (mlflow.log_artifact copies links' targets)")
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
+
+    # --- training runs and artifacts -------------------------------------------------------------
+    def get_run(self, run_id: str) -> Run:
+        try:
+            return self.client.get_run(run_id)
+        except MlflowException as exc:
+            if _not_found(exc):
+                raise InputError(
+                    f"run '{run_id}' not found in {self.store.tracking_uri}",
+                    hint="check the run id in the MLflow UI, or set MLFLOW_TRACKING_URI to the store that has it",
+                ) from exc
+            raise RegistryError(f"cannot read run '{run_id}': {exc.message}") from exc
+
+    def experiment_name(self, experiment_id: str) -> str:
+        return str(self.client.get_experiment(experiment_id).name)
+
+    def list_artifacts(self, run_id: str, path: str) -> list[str]:
+        try:
+            return [a.path for a in self.client.list_artifacts(run_id, safe_artifact_path(path))]
+        except MlflowException as exc:
+            raise RegistryError(f"cannot list artifacts of run '{run_id}': {exc.message}") from exc
+
+    def download_run_artifact(self, run_id: str, path: str, dest: Path) -> Path:
+        local = Path(mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=safe_artifact_path(path), dst_path=str(dest),
+            tracking_uri=self.store.tracking_uri))
+        refuse_symlinks(local)
+        return local
+
+    def download_uri(self, uri: str, dest: Path) -> Path:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest),
+                                                         tracking_uri=self.store.tracking_uri))
+        refuse_symlinks(local)
+        return local
+
+    # --- release runs --------------------------------------------------------------------------------
+    def releases_experiment(self) -> str:
+        return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
+
+    def release_run(self, model: str, run_name: str, tags: dict[str, str]) -> AbstractContextManager[runs.ReleaseRun]:
+        mlflow.set_experiment(experiment_id=self.releases_experiment())
+        return runs.release_run(self.releases_experiment(), run_name, {T.MODEL: model, **tags})
+
+    def reap_dead_runs(self, model: str) -> list[str]:
+        return runs.reap_dead_runs(self.client, self.releases_experiment(), model)
+
+    # --- registered models and versions -------------------------------------------------------
+    def model_exists(self, name: str) -> bool:
+        try:
+            self.client.get_registered_model(name)
+            return True
+        except MlflowException as exc:
+            if _not_found(exc):
+                return False
+            raise RegistryError(f"cannot read registered model '{name}': {exc.message}") from exc
+
+    def require_model(self, name: str) -> None:
+        if not self.model_exists(name):
+            raise InputError(
+                f"registered model '{name}' not found in {self.store.tracking_uri}",
+                hint="run `relctl status` without a name to list models, or promote a run first",
+            )
+
+    def list_models(self) -> list[str]:
+        return sorted(m.name for m in self.client.search_registered_models() if not lk.is_lock_model(m.name))
+
+    def ensure_model(self, name: str, description: str) -> None:
+        if not self.model_exists(name):
+            self.client.create_registered_model(name, description=description)
+
+    def aliases(self, name: str) -> dict[str, str]:
+        return {alias: str(v) for alias, v in self.client.get_registered_model(name).aliases.items()}
+
+    def version_for(self, name: str, alias: str) -> ModelVersion | None:
+        try:
+            return self.client.get_model_version_by_alias(name, alias)
+        except MlflowException as exc:
+            if _not_found(exc):
+                return None
+            raise RegistryError(f"cannot read alias '{alias}' of '{name}': {exc.message}") from exc
+
+    def get_version(self, name: str, version: str) -> ModelVersion:
+        # get_model_version carries aliases and tags; search_model_versions does not.
+        try:
+            return self.client.get_model_version(name, version)
+        except MlflowException as exc:
+            if _not_found(exc):
+                raise InputError(f"{name} v{version} not found", hint=f"`relctl status {name}` lists its aliases")
+            raise RegistryError(f"cannot read {name} v{version}: {exc.message}") from exc
+
+    def find_versions(self, name: str, tag: str, value: str) -> list[ModelVersion]:
+        """Versions of `name` whose tag `tag` equals `value`, oldest first (full objects, tags included)."""
+        found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
+        return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
+
+    def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
+                       model_id: str | None = None) -> ModelVersion:
+        # source must be the logged model's URI: a runs:/ source makes a version that does not load.
+        try:
+            return self.client.create_model_version(name, source=model_uri, run_id=run_id, tags=tags,
+                                                    description=description, model_id=model_id)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot create a version of '{name}': {exc.message}") from exc
+
+    def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
+        self.client.set_model_version_tag(name, version, key, value)
+
+    def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, version, key, value)
+
+    def set_description(self, name: str, version: str, description: str) -> None:
+        self.client.update_model_version(name, version, description=description)
+
+    # --- aliases and their history ---------------------------------------------------------------
+    def lock(self, name: str, purpose: str) -> AbstractContextManager[None]:
+        return lk.model_lock(self.client, name, purpose)
+
+    def locked_move(self, name: str, decide: Decide, action: str, reason: str,
+                    release_run: str | None) -> tuple[al.AliasMove | None, list[str]]:
+        """Under the model's lock: repair half-done moves, let `decide(current aliases)` choose, move.
+
+        Returns the move (None when it would change nothing: a no-op is not recorded) and repair notes.
+        """
+        with self.lock(name, action):
+            notes = al.repair_pending(self.client, name, lambda: self.aliases(name))
+            current = self.aliases(name)
+            move = al.apply_move(self.client, name, current, decide(current), action, reason, release_run)
+        return move, notes
+
+    def move_aliases(self, name: str, changes: dict[str, str | None], action: str, reason: str,
+                     release_run: str | None) -> al.AliasMove | None:
+        """Point each alias at its version (None deletes it), serialized and recorded in the history."""
+        move, _ = self.locked_move(name, lambda _current: dict(changes), action, reason, release_run)
+        return move
+
+    def repair(self, name: str) -> list[str]:
+        """Repair what a dead process left half-done on `name`'s aliases (one note per repair)."""
+        if not self.model_exists(name):
+            return []
+        if not any(m.state == "pending" for m in al.read_history(self.client, name, include_abandoned=True)):
+            return []
+        with self.lock(name, "repair"):
+            return al.repair_pending(self.client, name, lambda: self.aliases(name))
+
+    def replaced_by(self, name: str, version: str) -> str | None:
+        """The version `version` replaced as production when it was last promoted (from relctl's history)."""
+        replaced = None
+        for move in self.history(name):
+            change = move.changes.get(PRODUCTION)
+            if move.action in ("promote", "canary") and change and change[1] == version:
+                replaced = change[0]
+        return replaced
+
+    def history(self, name: str) -> list[al.AliasMove]:
+        return al.read_history(self.client, name)
+
+
+
+

@@ -1,0 +1,111 @@
+"""Release runs: each promote (or register) attempt is an MLflow run in `relctl-releases` holding its evidence.
+
+A release run records the pid, host and process start time of the relctl that owns it, so a run left
+RUNNING by a process that died (SIGKILL, a lost machine) is recognised by the next command that looks
+and marked KILLED, with a note saying what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import psutil
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+
+from release.registry import tags as T
+
+RELEASE_EXPERIMENT = "relctl-releases"
+
+
+class ReleaseRun:
+    """The active release run; every write to it goes through here."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        mlflow.set_tags(tags)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        mlflow.log_params(params)
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        if metrics:
+            mlflow.log_metrics(metrics)
+
+    def log_artifact(self, path: Path, artifact_path: str) -> None:
+        mlflow.log_artifact(str(path), artifact_path)
+
+    def log_artifacts(self, folder: Path, artifact_path: str) -> None:
+        mlflow.log_artifacts(str(folder), artifact_path)
+
+    def log_onnx_model(self, model_path: Path, extra_files: list[str], signature: Any,
+                       pip_requirements: list[str]) -> Any:
+        """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`."""
+        import mlflow.onnx
+        import onnx
+
+        return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model", signature=signature,
+                                     pip_requirements=pip_requirements, extra_files=extra_files)
+
+
+def _owner_tags() -> dict[str, str]:
+    pid = os.getpid()
+    return {T.PID: str(pid), T.HOST: socket.gethostname(), T.PROC_START: f"{psutil.Process(pid).create_time():.3f}"}
+
+
+@contextmanager
+def release_run(experiment_id: str, run_name: str, tags: dict[str, str]) -> Iterator[ReleaseRun]:
+    """Start a release run owned by this process; it ends FINISHED, or FAILED on any exception."""
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+        mlflow.set_tags({**tags, **_owner_tags()})
+        yield ReleaseRun(run.info.run_id)
+
+
+def _owner_alive(tags: dict[str, str]) -> bool | None:
+    """True/False for a run owned by a process on this host; None when it ran elsewhere (cannot tell)."""
+    if tags.get(T.HOST) != socket.gethostname() or T.PID not in tags:
+        return None
+    try:
+        proc = psutil.Process(int(tags[T.PID]))
+        started: float = proc.create_time()
+        return abs(started - float(tags.get(T.PROC_START, "0"))) < 1.0
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def reap_dead_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
+    """Mark KILLED every RUNNING release run of `model` whose relctl process is gone; one note per run."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{T.MODEL}` = '{model}' and "
+                              "attributes.status = 'RUNNING'", max_results=100)
+    notes = []
+    active = mlflow.active_run()
+    for run in runs:
+        if active is not None and run.info.run_id == active.info.run_id:
+            continue
+        if _owner_alive(run.data.tags) is not False:
+            continue
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        note = (f"The relctl process that ran this release (pid {run.data.tags.get(T.PID)} on "
+                f"{run.data.tags.get(T.HOST)}) died before it finished; marked KILLED at {when}. "
+                "Nothing it had not recorded here was registered.")
+        report = {"outcome": "killed", "release_run": run.info.run_id, "model": model, "note": note}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "report.json"
+            path.write_text(json.dumps(report, indent=2))
+            client.log_artifact(run.info.run_id, str(path), "report")
+        client.set_tag(run.info.run_id, T.OUTCOME, "killed")
+        client.set_tag(run.info.run_id, T.NOTE, note)
+        client.set_terminated(run.info.run_id, RunStatus.to_string(RunStatus.KILLED))
+        notes.append(f"release run {run.info.run_id} of '{model}' was left running by a dead process; marked KILLED")
+    return notes
