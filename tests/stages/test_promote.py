@@ -31,7 +31,7 @@ MODEL = "tiny-llm"
 pytestmark = pytest.mark.slow
 
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-llm"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llm"
 
 
 def load_train_module() -> ModuleType:

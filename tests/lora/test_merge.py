@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig
 
 from release.stages.merge import merge_checkpoint
-from tests.test_merge_helpers import (
+from tests.lora.helpers import (
     GPT2_TARGETS,
     LLAMA_TARGETS,
     assert_same_as_peft,

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from release.errors import EXIT_BAD_INPUT, InputError
 from release.stages.merge import merge_checkpoint
-from tests.test_merge_helpers import LLAMA_TARGETS, llama_config, save_adapter, save_base
+from tests.lora.helpers import LLAMA_TARGETS, llama_config, save_adapter, save_base
 
 SHAPE_HINT = "the adapter was trained for a different base model; check base_model_name_or_path"
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from release.checkpoint import read_header
 from release.errors import InputError
 from release.stages.merge import merge_checkpoint
-from tests.test_merge_helpers import (
+from tests.lora.helpers import (
     LLAMA_TARGETS,
     assert_same_as_peft,
     llama_config,
