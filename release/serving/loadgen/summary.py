@@ -1,4 +1,4 @@
-"""Metrics of one run, with the exact definitions of PRODUCT.md, and SLO checks on them."""
+"""Metrics of one run, with the exact definitions of docs/metrics.md, and SLO checks on them."""
 
 from __future__ import annotations
 
