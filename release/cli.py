@@ -11,6 +11,7 @@ import click
 
 from release import __version__
 from release.cli_support import Ctx, emit, handled, json_option
+from release.failure import raise_on_sigterm
 from release.progress import Progress
 
 
@@ -121,6 +122,7 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
+    from release.deploy.cli import render_group
     from release.gating.cli import gate
     from release.init import init_command
     from release.memory.cli import plan_command
@@ -130,7 +132,7 @@ def _attach_commands() -> None:
     from release.webhook_cli import webhook_command
 
     for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, canary_command, plan_command,
-                    webhook_command]:
+                    webhook_command, render_group]:
         cli.add_command(command)
 
 
@@ -138,4 +140,7 @@ _attach_commands()
 
 
 def main() -> None:
+    # SIGTERM (CI cancelling a job, Kubernetes stopping a pod) unwinds like Ctrl-C: children stopped,
+    # the release run ended, one line, exit 143.
+    raise_on_sigterm()
     cli(prog_name="relctl")

@@ -66,10 +66,20 @@ def _owner_tags() -> dict[str, str]:
 
 @contextmanager
 def release_run(experiment_id: str, run_name: str, tags: dict[str, str]) -> Iterator[ReleaseRun]:
-    """Start a release run owned by this process; it ends FINISHED, or FAILED on any exception."""
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+    """Start a release run owned by this process; it ends FINISHED, KILLED on Ctrl-C or SIGTERM, else FAILED."""
+    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
+    status = "FINISHED"
+    try:
         mlflow.set_tags({**tags, **_owner_tags()})
         yield ReleaseRun(run.info.run_id)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        mlflow.end_run(status)
 
 
 def _owner_alive(tags: dict[str, str]) -> bool | None:

@@ -25,7 +25,9 @@ from pydantic import Field
 
 from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
 from release.errors import InputError, StageFailed
+from release.faults import pause_point
 from release.stages.base import Stage, StageInputs, StageResult, location
+from release.subprocs import start_child, stop_child
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Exporter = Literal["auto", "genai", "torch"]
@@ -193,7 +195,14 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
         with log_path.open("w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False)
+            # Its own process group, and it dies with relctl (even a SIGKILLed one): no orphan builder.
+            proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                pause_point("convert:builder-running")
+                proc.wait()
+            except BaseException:
+                stop_child(proc, timeout_s=10)
+                raise
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     if proc.returncode != 0 or not (out / "model.onnx").is_file() or not (out / "genai_config.json").is_file():
