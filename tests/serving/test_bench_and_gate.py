@@ -81,7 +81,8 @@ def test_load_gate_passes_lenient_slos_and_fails_an_impossible_one(trained_packa
                                                                    tmp_path: Path) -> None:
     dataset = eval_prompts_as_dataset(tiny_data, tmp_path / "data.jsonl")
     traffic = {"arrival": "poisson", "rate": 8, "requests": 40, "dataset": str(dataset), "seed": 3}
-    cost = {"gpu_price_per_hour": 2.0, "serverless_price_per_million_tokens": 0.5, "serverless_price_per_request": 0.001}
+    cost = {"gpu_price_per_hour": 2.0, "serverless_price_per_million_tokens": 0.5,
+            "serverless_price_per_request": 0.001}
     lenient = LoadConfig.model_validate({
         "traffic": traffic, "cost": cost,
         "slos": {"ttft_p95_ms": 5000, "ttft_p99_ms": 10000, "tpot_p99_ms": 1000, "e2el_p99_ms": 20000,

@@ -50,7 +50,7 @@ def test_late_sends_are_measured_from_their_scheduled_time(delay_server: str) ->
     assert all(r.ok for r in records)
     late = [r.sent_s - r.scheduled_s for r in records]
     assert late[-1] > 0.8  # the last one went out most of a second after its planned time
-    for rec, delay in zip(records, late):
+    for rec, delay in zip(records, late, strict=True):
         assert rec.ttft_s is not None
         # Measured from the plan: the wait is inside TTFT, not hidden from it.
         assert rec.ttft_s == pytest.approx(delay + 0.100, abs=0.015)

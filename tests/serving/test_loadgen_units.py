@@ -56,7 +56,7 @@ def test_trace_replay_keeps_its_shape_and_rescales(tmp_path: Path) -> None:
     assert offsets.tolist() == pytest.approx([0.0, 0.5, 0.6, 2.0])
     assert [s.output_tokens for s in samples] == [3, 4, 5, 6]
     (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n{"timestamp": 1}\n')
-    with pytest.raises(InputError, match="bad.jsonl: line 1 has no numeric 'timestamp'"):
+    with pytest.raises(InputError, match=r"bad\.jsonl: line 1 has no numeric 'timestamp'"):
         load_trace(tmp_path / "bad.jsonl")
 
 

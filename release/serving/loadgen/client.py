@@ -88,7 +88,7 @@ def request_body(sample: Sample, opts: ClientOptions) -> dict[str, Any]:
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` on a fresh event loop: uvloop's when installed (less CPU per callback), else asyncio's."""
     try:
-        import uvloop
+        import uvloop  # noqa: PLC0415 - optional: the client runs on asyncio's loop without it
     except ImportError:
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -119,7 +119,7 @@ class _Run:
         self.pool = Pool(endpoint)
         positions = indices if indices is not None else range(len(samples))
         self.records = [Record(int(p), float(o), expected_output_tokens=s.output_tokens)
-                        for p, o, s in zip(positions, offsets, samples)]
+                        for p, o, s in zip(positions, offsets, samples, strict=True)]
         self.requests = [endpoint.request(json.dumps(request_body(s, opts)).encode()) for s in samples]
         self.planned = [start + float(o) for o in offsets]
         self.next = 0

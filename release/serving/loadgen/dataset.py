@@ -40,7 +40,8 @@ def load_dataset(path: Path, default_output_tokens: int) -> list[Sample]:
         if line.strip():
             samples.append(parse_row(_json(path, number, line), f"{path.name}: line {number}", default_output_tokens))
     if not samples:
-        raise InputError(f"{path.name}: no rows", hint='one JSON object per line, e.g. {"prompt": "...", "output_tokens": 64}')
+        raise InputError(f"{path.name}: no rows",
+                         hint='one JSON object per line, e.g. {"prompt": "...", "output_tokens": 64}')
     return samples
 
 

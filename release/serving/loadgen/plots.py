@@ -5,27 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from release.serving.loadgen.runner import RunResult
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy: loaded only when a plot is drawn
 
     matplotlib.use("Agg")  # files only: no display, works headless in CI
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after use("Agg"), which must come first
 
     return plt
 
 
 def plot_cdfs(runs: list[RunResult], path: Path) -> Path:
     """Empirical CDF of TTFT, TPOT and E2EL, one line per run."""
-    import numpy as np
-
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4))
-    for ax, (key, title) in zip(axes, METRICS):
+    for ax, (key, title) in zip(axes, METRICS, strict=True):
         for run in runs:
             values = [getattr(r, f"{key}_s") for r in run.records if r.ok and getattr(r, f"{key}_s") is not None]
             if values:
@@ -46,7 +46,7 @@ def plot_latency_vs_rate(steps: list[RunResult], path: Path) -> Path:
     ordered = sorted((s for s in steps if s.rate is not None), key=lambda s: s.rate or 0.0)
     rates = [s.rate for s in ordered]
     fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4))
-    for ax, (key, title) in zip(axes, METRICS):
+    for ax, (key, title) in zip(axes, METRICS, strict=True):
         for pct, style in (("p50", "o-"), ("p99", "s--")):
             values = [s.summary[f"{key}_ms"][pct] for s in ordered]
             ax.plot(rates, [float("nan") if v is None else v for v in values], style, label=pct)

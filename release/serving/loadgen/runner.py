@@ -41,7 +41,8 @@ class Traffic(BaseModel):
     requests: int = Field(default=100, ge=1, le=1_000_000)
     trace: str | None = Field(default=None, description="trace file (arrival: trace): relctl/Mooncake JSONL, "
                               "a relctl serve request log, bench or router records, or an Azure CSV")
-    dataset: str | None = Field(default=None, description="JSONL of {prompt|messages, output_tokens}; default synthetic")
+    dataset: str | None = Field(default=None,
+                                description="JSONL of {prompt|messages, output_tokens}; default synthetic")
     output_tokens: int = Field(default=32, ge=1, description="output tokens of every synthetic request and of "
                                "dataset or trace rows that give none")
     seed: int = 0

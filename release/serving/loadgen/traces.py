@@ -166,7 +166,7 @@ def _number(row: dict[str, Any], key: str, where: str, hint: str) -> float:
     return float(value)
 
 
-def _count(row: dict[str, Any], key: str, where: str, hint: str, default: int | None | str = "required"
+def _count(row: dict[str, Any], key: str, where: str, hint: str, default: int | str | None = "required"
            ) -> Any:
     value = row.get(key)
     if value is None or value == "":
