@@ -148,7 +148,7 @@ def connect(store: Store) -> None:
     Raises RegistryError (exit 4) within `store.timeout_s` when a server or database cannot be reached;
     nothing is written before that.
     """
-    import mlflow
+    import mlflow  # noqa: PLC0415 - MLflow takes seconds to import; resolve_store() and the CLI's start-up need none of it
 
     if store.is_server:
         _apply_http_settings(store)
@@ -178,12 +178,15 @@ def _apply_http_settings(store: Store) -> None:
     values = (store.timeout_s, store.retries, store.backoff_s)
     for (_, mlflow_name, *_), value in zip(_HTTP_SETTINGS, values, strict=True):
         os.environ[mlflow_name] = str(value)
+    if store.display_uri != store.tracking_uri:
+        # MLflow prints "View run at <tracking URI>" when a run ends: not with credentials in that URI.
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def probe_server(store: Store) -> None:
     """One GET to the tracking API, no retries, `store.timeout_s` at most: reachable and credentials accepted."""
-    from mlflow.utils.credentials import get_default_host_creds
-    from mlflow.utils.rest_utils import http_request
+    from mlflow.utils.credentials import get_default_host_creds  # noqa: PLC0415 - as in connect()
+    from mlflow.utils.rest_utils import http_request  # noqa: PLC0415 - as in connect()
 
     where = f"tracking server {store.display_uri}"
     started = time.monotonic()
@@ -195,7 +198,7 @@ def probe_server(store: Store) -> None:
             creds, "/api/2.0/mlflow/experiments/search", "GET", max_retries=0, backoff_factor=0,
             timeout=store.timeout_s, raise_on_status=False, params={"max_results": 1},
         )
-    except Exception as exc:  # noqa: BLE001 - every transport failure means the same thing to the user
+    except Exception as exc:  # every transport failure means the same thing to the user
         raise RegistryError(f"{where} {_transport_failure(exc, time.monotonic() - started, store)}",
                             hint=HINT) from None
     if response.status_code in (401, 403):
@@ -242,14 +245,14 @@ def probe_database(store: Store) -> None:
             f"did not answer within {store.timeout_s} s" if isinstance(exc, TimeoutError) else str(exc))
         raise RegistryError(f"database {store.display_uri} {reason}", hint=HINT) from None
     if scheme in ("postgresql", "mysql"):
-        import sqlalchemy
-        from sqlalchemy.pool import NullPool
+        import sqlalchemy  # noqa: PLC0415 - only for a database URI, which few commands use
+        from sqlalchemy.pool import NullPool  # noqa: PLC0415 - as above
 
         engine = sqlalchemy.create_engine(store.tracking_uri, poolclass=NullPool,
                                           connect_args={"connect_timeout": store.timeout_s})
         try:
             engine.connect().close()
-        except Exception as exc:  # noqa: BLE001 - login refused, database missing, driver missing
+        except Exception as exc:  # login refused, database missing, driver missing
             raise RegistryError(f"database {store.display_uri}: {_first_line(exc, store)}", hint=HINT) from None
         finally:
             engine.dispose()
@@ -269,18 +272,18 @@ def _initialize_database(store: Store) -> None:
     # Engines are cached per URI, so the MlflowClient opened next reuses this connection pool.
     if store.embedded and Path(store.tracking_uri.removeprefix("sqlite:///")).exists():
         return
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: PLC0415 - as in connect()
 
     try:
         SqlAlchemyStore(store.tracking_uri, store.artifact_root)  # type: ignore[no-untyped-call]
-    except Exception as exc:  # noqa: BLE001 - a database MLflow cannot open is one registry failure
+    except Exception as exc:  # a database MLflow cannot open is one registry failure
         raise RegistryError(f"cannot open the MLflow database {store.display_uri}: {_first_line(exc, store)}",
                             hint=HINT) from None
 
 
 def ensure_experiment(store: Store, name: str) -> str:
     """Id of experiment `name`, created with an explicit artifact location when missing."""
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - as in connect()
 
     client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
     existing = client.get_experiment_by_name(name)

@@ -64,10 +64,22 @@ def log_dataset(path: Path, name: str, context: str, artifact_uri: str) -> str:
 
     full = sha256_file(path)
     df = pd.read_json(path, lines=True)
-    with warnings.catch_warnings():
-        # mlflow 3.17 registers its local artifact source twice and warns that file:// URIs are ambiguous.
-        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-        source = resolve_dataset_source(artifact_uri)
+    if artifact_uri.startswith("mlflow-artifacts:"):
+        # A tracking server's proxied artifacts have no dataset-source resolver in MLflow; the server
+        # serves the same bytes over HTTP (its URI without credentials, so none reach the run).
+        from urllib.parse import urlsplit
+
+        from mlflow.data.http_dataset_source import HTTPDatasetSource
+
+        from release.store import redact_uri
+
+        where = f"{redact_uri(mlflow.get_tracking_uri())}/api/2.0/mlflow-artifacts/artifacts"
+        source = HTTPDatasetSource(f"{where}/{urlsplit(artifact_uri).path.lstrip('/')}")
+    else:
+        with warnings.catch_warnings():
+            # mlflow 3.17 registers its local artifact source twice and warns that file:// URIs are ambiguous.
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(artifact_uri)
     dataset = from_pandas(df, source=source, name=name, digest=full[:16])
     mlflow.log_input(dataset, context=context)
     mlflow.set_tag(f"data.{name}.sha256", full)

@@ -62,7 +62,7 @@ class Registry:
         except MlflowException as exc:
             if _not_found(exc):
                 raise InputError(
-                    f"run '{run_id}' not found in {self.store.tracking_uri}",
+                    f"run '{run_id}' not found in {self.store.display_uri}",
                     hint="check the run id in the MLflow UI, or set MLFLOW_TRACKING_URI to the store that has it",
                 ) from exc
             raise RegistryError(f"cannot read run '{run_id}': {exc.message}") from exc
@@ -113,7 +113,7 @@ class Registry:
     def require_model(self, name: str) -> None:
         if not self.model_exists(name):
             raise InputError(
-                f"registered model '{name}' not found in {self.store.tracking_uri}",
+                f"registered model '{name}' not found in {self.store.display_uri}",
                 hint="run `relctl status` without a name to list models, or promote a run first",
             )
 

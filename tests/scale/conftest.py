@@ -66,6 +66,8 @@ class ScaleRegistry:
         }
         if auth == "token":
             env["MLFLOW_TRACKING_TOKEN"] = self.tracking_token
+        elif auth == "userinfo":  # basic auth written into the URI itself
+            env["MLFLOW_TRACKING_URI"] = self.tracking_uri.replace("://", f"://relctl-ci:{self.tracking_password}@")
         else:
             env["MLFLOW_TRACKING_USERNAME"] = "relctl-ci"
             env["MLFLOW_TRACKING_PASSWORD"] = self.tracking_password
@@ -117,7 +119,7 @@ def _wait(what: str, ready: Any, proc: subprocess.Popen[bytes] | None, log: Path
         try:
             if ready():
                 return
-        except Exception:  # noqa: BLE001, S110 - not up yet
+        except Exception:  # not up yet
             pass
         if proc is not None and proc.poll() is not None:
             pytest.fail(f"{what} exited with {proc.returncode}; its log: {log}\n{log.read_text()[-3000:]}")
