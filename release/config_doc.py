@@ -14,11 +14,12 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types as at
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from release import __version__
 from release.config import ReleaseConfig
+from release.gating.plugins import available_gates
 
 # Cheap gates first, so a release that fails evaluation does not wait for a load test.
 GATE_ORDER = ("eval", "safety", "load", "canary")
@@ -32,8 +33,6 @@ _BOUNDS = ((at.Ge, ">="), (at.Gt, ">"), (at.Le, "<="), (at.Lt, "<"))
 def release_yaml_text(gates: dict[str, type[BaseModel]] | None = None) -> str:
     """The whole starter release.yaml. `gates`: gate id -> its Config class (default: the installed gates)."""
     if gates is None:
-        from release.gating.plugins import available_gates
-
         gates = {gate_id: cls.Config for gate_id, cls in available_gates().items()}
     lines = [
         f"# release.yaml for relctl {__version__}, written by `relctl init` from relctl's schema: every key is",
@@ -67,7 +66,13 @@ def _gates_lines(field: FieldInfo, gates: dict[str, type[BaseModel]]) -> list[st
         config = gates[gate_id]
         block.append(f"  # gate '{gate_id}'" + (f": {_first_line(config.__doc__)}" if config.__doc__ else ""))
         block.append(f"  {gate_id}:")
-        block += _model_lines(config, config(), 2)
+        try:
+            defaults = config()
+        except ValidationError as exc:
+            # A gate whose defaults alone are not a valid block (e.g. it needs one of two keys): say what.
+            block.append(f"    # needs settings: {_first_line(exc.errors()[0]['msg'].removeprefix('Value error, '))}")
+            defaults = config.model_construct()
+        block += _model_lines(config, defaults, 2)
     return lines + [f"# {line}" if line else "#" for line in block]
 
 
@@ -80,8 +85,10 @@ def _model_lines(model: type[BaseModel], instance: BaseModel, depth: int) -> lis
 
 def _field_lines(name: str, field: FieldInfo, instance: BaseModel, depth: int) -> list[str]:
     pad = "  " * depth
-    value = getattr(instance, name)
     lines = [f"{pad}# {_describe(field)}"]
+    if field.is_required() and name not in instance.model_fields_set:
+        return [*lines, f"{pad}{name}:  # required, no default"]
+    value = getattr(instance, name)
     if isinstance(value, BaseModel):
         return [*lines, f"{pad}{name}:", *_model_lines(type(value), value, depth + 1)]
     dumped = instance.model_dump(mode="json")[name]

@@ -80,7 +80,8 @@ def relctl_source() -> str | None:
 
 def starter_texts(source: str | None) -> dict[str, str]:
     """Every file `init` writes except .gitignore, by path relative to the project folder."""
-    from release.config_doc import release_yaml_text
+    # Only `relctl init` needs the schema walk (pydantic models of every gate); other commands skip it.
+    from release.config_doc import release_yaml_text  # noqa: PLC0415
 
     texts = {"release.yaml": release_yaml_text()}
     for dest, name in STARTER_FILES.items():

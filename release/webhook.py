@@ -150,7 +150,7 @@ def create_app(settings: WebhookSettings) -> Starlette:
             settings.started[key] = "starting"
         try:
             how = settings.trigger(wanted)
-        except Exception as exc:  # noqa: BLE001 - reported to MLflow as 502 so it retries the delivery
+        except Exception as exc:  # reported to MLflow as 502, so it retries the delivery
             with started_lock:
                 settings.started.pop(key, None)
             seen.release(delivery_id)

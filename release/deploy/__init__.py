@@ -1,0 +1,1 @@
+"""Deployment manifests for existing platforms, rendered from relctl's templates (`relctl render ...`)."""
