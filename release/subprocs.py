@@ -46,7 +46,7 @@ def start_child(cmd: Sequence[str], *, stdout: FileArg = None, stderr: FileArg =
         # so it takes no lock another thread could hold.
         proc = subprocess.Popen(list(cmd), stdout=stdout, stderr=stderr, stdin=stdin, env=child_env, cwd=cwd,
                                 pass_fds=(read_end,), start_new_session=True,
-                                preexec_fn=preexec)  # noqa: PLW1509
+                                preexec_fn=preexec)
     except BaseException:
         os.close(write_end)
         raise

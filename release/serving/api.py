@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from release.config import load_config
+from release.errors import InputError
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions, Endpoint
 from release.serving.loadgen.runner import Traffic
@@ -17,21 +19,27 @@ from release.serving.source import resolve_package
 
 def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: Path,
           config_path: Path | None = None, ready_file: Path | None = None,
-          on_ready: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Verify and load `spec` (package folder or `<model>@<alias>`) and serve it until SIGINT/SIGTERM.
+          on_ready: Callable[[dict[str, Any]], None] | None = None, api_key: str | None = None,
+          served_model_name: str | None = None) -> None:
+    """Verify and load `spec` and serve it until SIGINT/SIGTERM. `spec`: a package folder, MODEL@ALIAS,
+    MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION (release.serving.source).
 
     Settings: `serving.server` of `config_path` (release.yaml) when given, else the package's own.
-    `on_ready` receives {url, pid, model, serving_config, load_time_s} once the server listens.
+    `api_key`: required as `Authorization: Bearer <key>` on every path but /health. `served_model_name`:
+    the model id clients see and send (default `<model>:<version>`; the X-Relctl-* headers always name
+    the registered version). `on_ready` receives {url, pid, model, serving_config, load_time_s}.
     """
+    if api_key is not None and not api_key.strip():
+        raise InputError("--api-key: empty", hint="pass a non-empty key, or leave the option and RELCTL_API_KEY unset")
     package = resolve_package(spec, project_dir)
     settings = _settings(config_path) if config_path is not None else package_settings(package)
     state = load_state(package, settings, project_dir)
+    state.api_key = api_key
+    state.served_name = served_model_name or ""
     run_server(state, host, port, ready_file=ready_file, on_ready=on_ready)
 
 
 def _settings(config_path: Path) -> ServerSettings:
-    from release.config import load_config
-
     return load_config(config_path).serving.server
 
 

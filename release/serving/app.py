@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from release.serving.engine import Engine, Finished
 from release.serving.metrics import Identity, ServerMetrics
+from release.serving.openapi import openapi_schema
 from release.serving.parsing import parse_body
 from release.serving.protocol import (
     ChatRequest,
@@ -75,8 +76,6 @@ def create_app(state: ServerState) -> ASGIApp:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def openapi(_: Request) -> Response:
-        from release.serving.openapi import openapi_schema
-
         return JSONResponse(openapi_schema(state.identity, state.engine.settings, state.engine.limits,
                                            state.model_name, auth=state.api_key is not None))
 

@@ -34,7 +34,7 @@ def _project_dir(option: Path | None) -> Path:
 
 
 @click.command("serve")
-@click.argument("spec", metavar="MODEL@ALIAS|PACKAGE_DIR")
+@click.argument("spec", metavar="MODEL@ALIAS|MODEL/VERSION|models:/MODEL/VERSION|PACKAGE_DIR")
 @click.option("--host", default="127.0.0.1", show_default=True, help="interface to listen on")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="port to listen on (0: any free port)")
@@ -44,11 +44,17 @@ def _project_dir(option: Path | None) -> Path:
               help="project folder: MLflow store, package cache and request logs [default: relctl's, else .]")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write {url, pid, model, load_time_s} as JSON here once listening")
+@click.option("--api-key", envvar="RELCTL_API_KEY", default=None, show_envvar=True,
+              help="require 'Authorization: Bearer KEY' on every path but /health (prefer the variable: "
+                   "a command line is visible to other users)")
+@click.option("--served-model-name", default=None,
+              help="model id clients see in /v1/models and send as 'model' [default: MODEL:VERSION]")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
-                  ready_file: Path | None) -> None:
+                  ready_file: Path | None, api_key: str | None, served_model_name: str | None) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
-    /v1/chat/completions, /v1/models, /health, /metrics. Ctrl-C or SIGTERM drains in-flight requests."""
+    /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
+    in-flight requests."""
     from release.serving.api import serve
 
     def announce(info: dict[str, Any]) -> None:
@@ -56,7 +62,7 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
                    f"model loaded in {info['load_time_s']:.2f}s", err=True)
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
-          ready_file=ready_file, on_ready=announce)
+          ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name)
 
 
 @click.group("serving")

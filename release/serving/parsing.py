@@ -146,5 +146,5 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
 
 def _same(value: Any, neutral: Any) -> bool:
     # True == 1 and False == 0 in Python; "logprobs": true must not pass as the neutral 1 of "n".
-    return type(value) is type(neutral) and value == neutral or (
+    return (type(value) is type(neutral) and value == neutral) or (
         isinstance(value, float) and type(neutral) is int and value == neutral)

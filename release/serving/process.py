@@ -5,6 +5,7 @@ parent however the parent ends, SIGKILL included (release.subprocs)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -22,8 +23,11 @@ class ServerProcess:
     """Context manager around `python -m release.serving serve SPEC --port 0` in `work_dir`."""
 
     def __init__(self, spec: str, work_dir: Path, config: Path | None = None, project_dir: Path | None = None,
-                 start_timeout_s: float = 180.0) -> None:
+                 start_timeout_s: float = 180.0, api_key: str | None = None,
+                 served_model_name: str | None = None) -> None:
         self.spec = spec
+        self.api_key = api_key
+        self.served_model_name = served_model_name
         self.work_dir = work_dir
         self.config = config
         self.project_dir = project_dir or work_dir
@@ -43,9 +47,15 @@ class ServerProcess:
                "--ready-file", str(ready), "--project-dir", str(self.project_dir)]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
+        if self.served_model_name is not None:
+            cmd += ["--served-model-name", self.served_model_name]
+        # The key travels in the environment, never on a command line that `ps` shows.
+        env = {k: v for k, v in os.environ.items() if k != "RELCTL_API_KEY"}
+        if self.api_key is not None:
+            env["RELCTL_API_KEY"] = self.api_key
         log = (self.work_dir / "server.log").open("wb")
         try:
-            self._proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self._proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         finally:
             log.close()
         deadline = time.monotonic() + self.start_timeout_s

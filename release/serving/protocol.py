@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -142,8 +143,6 @@ def completion_prompt(req: CompletionRequest) -> str:
 
 
 def new_id(prefix: str) -> str:
-    import uuid
-
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 

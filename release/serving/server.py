@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import uvicorn
+
 from release.errors import InputError
 from release.serving.app import ServerState, create_app
 from release.serving.engine import Engine
@@ -46,7 +48,6 @@ def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Pa
 def run_server(state: ServerState, host: str, port: int, ready_file: Path | None = None,
                on_ready: Any = None) -> None:
     """Serve until SIGINT/SIGTERM; then stop accepting, let in-flight requests finish, and return."""
-    import uvicorn
 
     config = uvicorn.Config(
         create_app(state), host=host, port=port, lifespan="on", log_level="warning", access_log=False,

@@ -1,21 +1,27 @@
-"""What `relctl serve` serves: a package folder, or `<model>@<alias>` resolved through the MLflow registry.
+"""What `relctl serve` serves: a package folder, or a registered version from the MLflow registry, named
+`MODEL@ALIAS`, `MODEL/VERSION`, `models:/MODEL@ALIAS` or `models:/MODEL/VERSION`.
 
-Either way the package's checksums are verified before anything is loaded.
+A registered version is fetched through release.versions.fetch_package, which verifies it against the
+manifest digest recorded on the version when it was released, and kept in a cache under the project's
+state folder (re-verified against that digest before each use). A local folder is verified against its
+own manifest only; it is served as version `unregistered`.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from release.errors import InputError, RegistryError
+from release.errors import InputError
 from release.serving.metrics import Identity
 from release.stages.package import PackageManifest, verify_package
 from release.store import STATE_DIR, resolve_store
 
-PACKAGE_URI_TAG = "relctl.package_uri"
 UNREGISTERED = "unregistered"
+SPEC_HELP = "a package folder, MODEL@ALIAS, MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION"
+_VERSION = re.compile(r"^[1-9][0-9]*$")
 
 
 @dataclass(frozen=True)
@@ -24,60 +30,78 @@ class ServedPackage:
     identity: Identity
 
 
+@dataclass(frozen=True)
+class VersionRef:
+    """A registered version, by alias or by number (exactly one of them is set)."""
+
+    name: str
+    alias: str | None = None
+    version: str | None = None
+
+
+def parse_spec(spec: str) -> VersionRef:
+    """The registry reference in `spec` (not a folder); InputError naming the accepted forms otherwise."""
+    body = spec.removeprefix("models:/")
+    if "@" in body:
+        name, _, alias = body.partition("@")
+        if name and alias and "/" not in alias:
+            return VersionRef(name, alias=alias)
+    elif "/" in body:
+        name, _, version = body.rpartition("/")
+        if name and _VERSION.match(version):
+            return VersionRef(name, version=version)
+    if spec.startswith("models:/"):
+        raise InputError(f"{spec}: expected models:/MODEL/VERSION or models:/MODEL@ALIAS",
+                         hint="e.g. relctl serve models:/my-model/3")
+    raise InputError(f"{spec}: no such package folder, and not a registered version",
+                     hint=f"pass {SPEC_HELP}")
+
+
 def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None = None) -> ServedPackage:
-    """A verified package for `spec`: an existing folder, or `name@alias` from the registry."""
+    """A verified package for `spec` (see the module docstring for the forms it takes)."""
     path = Path(spec)
-    if path.is_dir():
+    if not spec.startswith("models:/") and path.is_dir():
         manifest = verify_package(path)
         name = manifest.model_name or path.name
         return ServedPackage(manifest, Identity(name, UNREGISTERED, manifest.serving_config_hash))
-    if "@" not in spec:
-        raise InputError(f"{spec}: no such package folder", hint="pass a package folder or <model>@<alias>")
-    name, _, alias = spec.partition("@")
-    if not name or not alias:
-        raise InputError(f"{spec}: expected <model>@<alias>", hint="e.g. relctl serve my-model@production")
-    return _from_registry(name, alias, project_dir, environ)
+    return _from_registry(parse_spec(spec), project_dir, environ)
 
 
-def _from_registry(name: str, alias: str, project_dir: Path, environ: dict[str, str] | None) -> ServedPackage:
-    from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None) -> ServedPackage:
+    # mlflow loads only when serving from the registry, not for a package folder
+    from release.registry import Registry  # noqa: PLC0415
+    from release.registry import tags as T  # noqa: PLC0415
+    from release.versions import fetch_package  # noqa: PLC0415
 
-    store = resolve_store(project_dir, environ)
-    client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
-    try:
-        version = client.get_model_version_by_alias(name, alias)
-    except MlflowException as exc:
-        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code) or "not found" in str(exc).lower():
-            raise InputError(f"{name}@{alias}: no such model or alias in the registry",
-                             hint=f"list versions with `relctl history {name}`") from exc
-        raise RegistryError(f"{name}@{alias}: registry lookup failed: {exc}") from exc
-    uri = version.tags.get(PACKAGE_URI_TAG)
-    if not uri:
-        raise InputError(f"{name} version {version.version}: tag {PACKAGE_URI_TAG} is missing",
-                         hint="the version was not registered by relctl promote; re-register it")
-    cache = project_dir / STATE_DIR / "serve-cache" / name / str(version.version)
-    if not _verified(cache):
+    registry = Registry(resolve_store(project_dir, environ))
+    if ref.alias is not None:
+        found = registry.version_for(ref.name, ref.alias)
+        if found is None:
+            raise InputError(f"{ref.name}@{ref.alias}: no such model or alias in the registry",
+                             hint=f"list its aliases with `relctl status {ref.name}`")
+        version = str(found.version)
+    else:
+        assert ref.version is not None
+        version = ref.version
+    anchor = registry.get_version(ref.name, version).tags.get(T.MANIFEST_SHA256)
+    cache = project_dir / STATE_DIR / "serve-cache" / ref.name / version
+    manifest = _cached(cache, anchor)
+    if manifest is None:
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
-        try:
-            local = Path(download_artifacts(artifact_uri=uri, dst_path=str(partial), tracking_uri=store.tracking_uri))
-        except MlflowException as exc:
-            raise RegistryError(f"{name} version {version.version}: cannot download {uri}: {exc}") from exc
+        fetched = fetch_package(registry, ref.name, version, partial)  # verified against the registry's digest
         shutil.rmtree(cache, ignore_errors=True)
-        local.rename(cache)
+        fetched.root.rename(cache)
         shutil.rmtree(partial, ignore_errors=True)
-    manifest = verify_package(cache)
-    return ServedPackage(manifest, Identity(name, str(version.version), manifest.serving_config_hash))
+        manifest = PackageManifest(cache, fetched.data)
+    return ServedPackage(manifest, Identity(ref.name, version, manifest.serving_config_hash))
 
 
-def _verified(path: Path) -> bool:
-    if not path.is_dir():
-        return False
+def _cached(path: Path, anchor: str | None) -> PackageManifest | None:
+    """The cached package when it still matches the registry's digest (never trusted on its own)."""
+    if anchor is None or not path.is_dir():
+        return None
     try:
-        verify_package(path)
+        return verify_package(path, manifest_sha256=anchor)
     except InputError:
-        return False
-    return True
+        return None

@@ -13,10 +13,12 @@ import httpx
 import pytest
 
 from release.errors import InputError
+from release.hashing import sha256_file
+from release.registry import tags as T
 from release.serving.process import ServerProcess
 from release.serving.requestlog import RequestLog, redact
 from release.serving.settings import RequestLogPolicy
-from release.serving.source import PACKAGE_URI_TAG, resolve_package
+from release.serving.source import parse_spec, resolve_package
 from tests.serving.conftest import write_server_config
 from tests.serving.tinymodel import build_tiny_package
 
@@ -90,6 +92,16 @@ def test_request_log_redacts_and_is_off_by_default(tiny_package: Path, tmp_path:
     assert not list((tmp_path / "p2").rglob("requests-*.jsonl"))
 
 
+def test_spec_forms_are_parsed_or_refused_with_the_accepted_forms() -> None:
+    assert parse_spec("m@production").alias == "production"
+    assert parse_spec("team/m/12").version == "12" and parse_spec("team/m/12").name == "team/m"
+    assert parse_spec("models:/m/3").version == "3" and parse_spec("models:/m@prod").alias == "prod"
+    for bad in ("m", "m/", "m/v1", "m/0", "models:/m", "@prod", "models:/m/x"):
+        with pytest.raises(InputError) as info:
+            parse_spec(bad)
+        assert "MODEL" in (info.value.hint or "") + info.value.message
+
+
 def test_retention_deletes_old_days_and_hash_mode_keeps_no_text(tmp_path: Path) -> None:
     log = RequestLog(RequestLogPolicy(enabled=True, content="hash", retention_days=3), tmp_path)
     tmp_path.mkdir(exist_ok=True)
@@ -119,11 +131,23 @@ def test_serves_a_version_by_alias_and_refuses_a_tampered_package(tiny_package: 
         uri = mlflow.get_artifact_uri("package")
     client.create_registered_model("tiny-llm")
     version = client.create_model_version("tiny-llm", source=uri, run_id=run.info.run_id)
-    client.set_model_version_tag("tiny-llm", version.version, PACKAGE_URI_TAG, uri)
+    client.set_model_version_tag("tiny-llm", version.version, T.PACKAGE_URI, uri)
+    client.set_model_version_tag("tiny-llm", version.version, T.MANIFEST_SHA256,
+                                 sha256_file(tiny_package / "relctl-package.json"))
     client.set_registered_model_alias("tiny-llm", "production", version.version)
 
     served = resolve_package("tiny-llm@production", project, environ={})
     assert served.identity.model_id == f"tiny-llm:{version.version}"
+    # A pinned version, in relctl's and in MLflow's URI form, is the same package.
+    for spec in (f"tiny-llm/{version.version}", f"models:/tiny-llm/{version.version}", "models:/tiny-llm@production"):
+        again = resolve_package(spec, project, environ={})
+        assert again.identity == served.identity and again.manifest.root == served.manifest.root
+    # The cache is never trusted on its own: a changed cached file is fetched again from the registry.
+    cached = served.manifest.model_dir / "genai_config.json"
+    cached.write_text(cached.read_text() + " ")
+    refetched = resolve_package(f"tiny-llm/{version.version}", project, environ={})
+    assert (refetched.manifest.model_dir / "genai_config.json").read_bytes() == (
+        tiny_package / "model" / "genai_config.json").read_bytes()
     assert served.identity.serving_config == json.loads((tiny_package / "relctl-package.json").read_text())[
         "serving_config_hash"]
     with ServerProcess("tiny-llm@production", tmp_path / "srv", project_dir=project) as proc:
@@ -133,6 +157,8 @@ def test_serves_a_version_by_alias_and_refuses_a_tampered_package(tiny_package: 
 
     with pytest.raises(InputError, match="no such model or alias"):
         resolve_package("tiny-llm@staging", project, environ={})
+    with pytest.raises(InputError, match="not found"):
+        resolve_package("tiny-llm/99", project, environ={})
     tampered = tmp_path / "tampered"
     shutil.copytree(tiny_package, tampered)
     with (tampered / "model" / "genai_config.json").open("a") as fh:
