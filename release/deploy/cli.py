@@ -35,6 +35,9 @@ def render_group() -> None:
 @click.option("--max-replicas", type=click.IntRange(1), default=1, show_default=True, help="Most replicas.")
 @click.option("--startup-seconds", type=click.IntRange(0), default=300, show_default=True,
               help="Time to download and load the package before liveness checks start.")
+@click.option("--template", "template_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Your copy of the template (relctl init writes deploy/kserve-inferenceservice.yaml) "
+                                 "[default: relctl's own].")
 @click.option("--format", "fmt", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True,
               help="Output format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -43,8 +46,8 @@ def render_group() -> None:
 @handled
 def kserve_command(ctx: Ctx, spec: str, image: str, name: str | None, namespace: str | None, secret: str,
                    canary_percent: int | None, cpu: str, memory_gib: float, gpus: int, gpu_resource: str,
-                   cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int, fmt: str,
-                   output: Path | None) -> None:
+                   cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
+                   template_path: Path | None, fmt: str, output: Path | None) -> None:
     """A KServe InferenceService serving MODEL/VERSION with `relctl serve`: a pinned version, so each
     new version is a new KServe revision and --canary-percent splits traffic between them."""
     from release.deploy.kserve import KServeOptions, render_kserve, render_kserve_yaml
@@ -53,8 +56,9 @@ def kserve_command(ctx: Ctx, spec: str, image: str, name: str | None, namespace:
                             canary_percent=canary_percent, cpu=cpu, memory_gib=memory_gib, gpus=gpus,
                             gpu_resource=gpu_resource, cache_gib=cache_gib, min_replicas=min_replicas,
                             max_replicas=max_replicas, startup_seconds=startup_seconds)
-    text = (render_kserve_yaml(spec, options) if fmt == "yaml"
-            else json.dumps(render_kserve(spec, options), indent=2) + "\n")
+    template = template_path.read_text() if template_path is not None else None
+    text = (render_kserve_yaml(spec, options, template) if fmt == "yaml"
+            else json.dumps(render_kserve(spec, options, template), indent=2) + "\n")
     if output is None:
         click.echo(text, nl=False)
     else:

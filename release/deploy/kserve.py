@@ -77,16 +77,26 @@ def render_kserve(spec: str, options: KServeOptions, template: str | None = None
     if template is None:
         template = template_text(TEMPLATE)
     values = {"NAME": name, "MODEL": model, "VERSION": version, "IMAGE": options.image, "SECRET": options.secret}
-    manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
+    try:
+        manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
+        predictor = manifest["spec"]["predictor"]
+        container = predictor["containers"][0]
+        # The places set below must exist in a user's own copy of the template too.
+        for place in (manifest["metadata"]["annotations"], container["livenessProbe"],
+                      predictor["volumes"][0]["emptyDir"]):
+            if not isinstance(place, dict):
+                raise TypeError(f"{place!r} is not a mapping")
+    except (yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
+        raise InputError(f"KServe template: not an InferenceService with one predictor container, probes and a "
+                         f"cache volume ({type(exc).__name__}: {exc})",
+                         hint="start from relctl's templates/kserve-inferenceservice.yaml") from exc
     metadata = manifest["metadata"]
     if options.namespace:
         metadata["namespace"] = options.namespace
     metadata["annotations"]["relctl/rendered-by"] = f"relctl {__version__}"
-    predictor = manifest["spec"]["predictor"]
     predictor["minReplicas"], predictor["maxReplicas"] = options.min_replicas, options.max_replicas
     if options.canary_percent is not None:
         predictor["canaryTrafficPercent"] = options.canary_percent
-    container = predictor["containers"][0]
     memory = _gib(options.memory_gib)
     container["resources"] = {"requests": {"cpu": options.cpu, "memory": memory}, "limits": {"memory": memory}}
     if options.gpus:
@@ -97,9 +107,9 @@ def render_kserve(spec: str, options: KServeOptions, template: str | None = None
     return manifest
 
 
-def render_kserve_yaml(spec: str, options: KServeOptions) -> str:
+def render_kserve_yaml(spec: str, options: KServeOptions, template: str | None = None) -> str:
     """The manifest as YAML text, headed by a comment naming what it serves."""
-    manifest = render_kserve(spec, options)
+    manifest = render_kserve(spec, options, template)
     model, version = parse_version_spec(spec)
     header = f"# relctl render kserve {model}/{version} (relctl {__version__})\n"
     return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))

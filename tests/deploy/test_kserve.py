@@ -190,3 +190,18 @@ def test_image_entrypoint_serves_health(package: Path, tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=40)
+
+
+def test_your_own_copy_of_the_template_is_used(tmp_path: Path) -> None:
+    """`relctl init` writes deploy/kserve-inferenceservice.yaml; an edited copy renders with --template."""
+    assert relctl("init", str(tmp_path)).exit_code == 0
+    copy = tmp_path / "deploy" / "kserve-inferenceservice.yaml"
+    data = yaml.safe_load(copy.read_text())
+    data["metadata"]["labels"]["team"] = "search"
+    copy.write_text(yaml.safe_dump(data))
+    manifest = rendered("tiny-llm/3", "--image", IMAGE, "--template", str(copy))
+    assert manifest["metadata"]["labels"]["team"] == "search" and container(manifest)["args"] == ["tiny-llm/3"]
+    assert schema_problems(manifest, tmp_path) == []
+    copy.write_text("kind: InferenceService\nspec: {}\n")
+    broken = relctl("render", "kserve", "tiny-llm/3", "--image", IMAGE, "--template", str(copy))
+    assert broken.exit_code == 2 and broken.stderr.startswith("error: KServe template: ")
