@@ -154,7 +154,8 @@ def run_command(url: str, others: tuple[str, ...], arrival: str, rate: float | N
                        sweep_rates=rates, step_duration_s=step_duration,
                        segment=parse_segment(segment) if segment else None, start_at=start_at)
     _show(report, out_dir, as_json)
-    if not report["passed"]:
+    # A segment carries 1/N of the traffic: its SLOs are judged on the merged run, not here.
+    if not report["passed"] and segment is None:
         raise Blocked("bench: SLOs missed" if not do_sweep else "bench: no swept rate met the SLOs",
                       hint=f"see {out_dir / 'summary.json'}")
 
