@@ -84,8 +84,10 @@ def _gib(value: int) -> str:
 
 def _print(plan: MemoryPlan, plot: Any) -> None:
     b, t = plan.breakdown, plan.target
-    click.echo(f"{plan.spec.precision} weights from {'the package' if plan.spec.weights_source == 'package' else 'config.json'}"
-               f", {t.concurrency} x {t.context} tokens on {t.gpus} x {t.gpu_name or f'{t.memory_gib:g} GiB'}")
+    source = "the package" if plan.spec.weights_source == "package" else "config.json"
+    device = t.gpu_name or f"{t.memory_gib:g} GiB"
+    click.echo(f"{plan.spec.precision} weights from {source}, {t.concurrency} x {t.context} tokens "
+               f"on {t.gpus} x {device}")
     for label, value in (("weights", b.weights), ("KV cache", b.kv_cache), ("workspace", b.workspace),
                          ("overhead", b.overhead), ("rollout overlap", b.overlap), ("peak", b.peak),
                          ("budget", b.budget), ("capacity", b.capacity), ("headroom", b.headroom_bytes)):

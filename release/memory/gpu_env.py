@@ -7,6 +7,7 @@ environment instead of measuring the wrong thing.
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def check_ort_builds() -> None:
 
 def session_providers(model_file: Path) -> list[str]:
     """The providers an InferenceSession asked for CUDA actually runs with (never the available list)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # noqa: PLC0415 - only on the CUDA path; the ORT check above must run first
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
@@ -57,3 +58,19 @@ def require_cuda(model_file: Path) -> None:
         raise InputError(f"{model_file.name}: the session runs on {used}, not CUDAExecutionProvider",
                          hint="install onnxruntime-gpu with its CUDA 12 and cuDNN 9 libraries "
                               "(pip install 'onnxruntime-gpu[cuda,cudnn]') and check nvidia-smi")
+
+
+def main() -> None:
+    """`python -m release.memory.gpu_env`: exit 2 with one error line when the environment mixes ORT builds."""
+    try:
+        check_ort_builds()
+    except InputError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"hint: {exc.hint}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    builds = installed(_ORT_BUILDS + _GENAI_BUILDS)
+    print("ok: one ONNX Runtime build: " + ", ".join(f"{n} {v}" for n, v in builds.items()))
+
+
+if __name__ == "__main__":
+    main()

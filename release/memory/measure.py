@@ -4,8 +4,8 @@ cpu:  RSS growth over the loaded-model baseline while one batch of `concurrency`
       `context` tokens; on cpu the KV cache lives in host memory, so this is the KV + workspace part of
       the estimate. Untouched pages are not resident, so the batch must really fill its context (a
       prefill of context - 1 tokens, or a short prompt decoded to the end) to be comparable.
-cuda: device memory of the worker's pid (nvidia-ml-py), after checking that the CUDA provider is the one
-      the session actually uses.
+cuda: the device's used memory over its reading before the load (nvidia-ml-py), after checking that the
+      CUDA provider is the one the session actually uses.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+import onnx
+
 from release.errors import InputError
 from release.memory.shape import Precision, Provider
 
@@ -68,16 +71,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def _load_graph(model_dir: Path) -> Any:
-    import onnx
-
     return onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
 
 
 def initializer_bytes(graph: Any) -> int:
     """Bytes of every initializer: the external-data length when stored outside, else the tensor's own data."""
-    import numpy as np
-    import onnx
-
     total = 0
     for tensor in graph.initializer:
         external = {entry.key: entry.value for entry in tensor.external_data}

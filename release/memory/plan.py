@@ -5,9 +5,11 @@ T = B x P tokens in the largest forward pass, a = the io dtype's bytes, 4 for fp
     weights    = the package's ONNX initializers, or the builder's layout computed from config.json
     KV cache   = 2 x layers x kv_heads x head_dim x kv_bytes x B x L   (onnxruntime-genai with
                  past_present_share_buffer allocates max_length = L for every sequence of the batch)
-    workspace  = T x a x max(2h + 3I, 2h + 2q + 2kv)     hidden states live at the MLP (or attention) peak
-               + 2 x T x V x a + B x V x 4                prefill logits (the session's output and
-                                                          onnxruntime-genai's copy), the last position in fp32
+    workspace  = T x a x max(3h + 6I, 3h + 2q + 2kv)     hidden states live at the MLP (or attention) peak:
+                                                          residual, norm and skip-sum (3h); gate, up, sigmoid,
+                                                          SiLU product and its product with up (5I), plus
+                                                          one I-wide tensor of allocator slack (fitted)
+               + T x V x a + B x V x 4                    prefill logits, and the last position in fp32
                + a floor per run (WORKSPACE_FLOOR_BYTES: the generator's and thread pool's own buffers)
     overhead   = a constant per device (RUNTIME_OVERHEAD_BYTES: cpu measured, cuda stated)
     overlap    = the replica being replaced, when old and new share the devices during a rolling update
@@ -36,10 +38,11 @@ from release.memory.shape import (
 GIB = 1024**3
 MIB = 1024**2
 KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-# cpu: RSS of onnxruntime-genai with a loaded model minus that model's weights, measured by
-# benchmarks/memory.py (runtime_overhead row). cuda: the CUDA context plus cuBLAS/cuDNN handles and the
-# arena's first chunk; stated, not measured here (scripts/gpu-check.sh measures it on a GPU).
-RUNTIME_OVERHEAD_BYTES: dict[str, int] = {"cpu": 96 * MIB, "cuda": 768 * MIB}
+# cpu: RSS of onnxruntime-genai with a loaded model minus that model's weights: 11-27 MiB over the
+# models of benchmarks/memory.py (load_overhead per row), rounded up. cuda: the CUDA context plus
+# cuBLAS/cuDNN handles and the arena's first chunk; stated, not measured here (scripts/gpu-check.sh
+# measures it on a GPU).
+RUNTIME_OVERHEAD_BYTES: dict[str, int] = {"cpu": 32 * MIB, "cuda": 768 * MIB}
 # cpu: the intercept of RSS growth vs the formula over the tiny-model rows of benchmarks/memory.py.
 WORKSPACE_FLOOR_BYTES: dict[str, int] = {"cpu": 2 * MIB, "cuda": 0}
 # The builder's valid precision/provider pairs (fp16 is a GPU precision).
@@ -74,7 +77,8 @@ class Target:
         if not 0 <= self.headroom < 1:
             raise InputError(f"headroom: {self.headroom} is not in [0, 1)", hint="0.10 keeps 10% free")
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPE_BYTES:
-            raise InputError(f"--kv-dtype: '{self.kv_dtype}' is unknown", hint=f"use one of {', '.join(KV_DTYPE_BYTES)}")
+            raise InputError(f"--kv-dtype: '{self.kv_dtype}' is unknown",
+                             hint=f"use one of {', '.join(KV_DTYPE_BYTES)}")
 
     @property
     def capacity_bytes(self) -> int:
@@ -141,8 +145,8 @@ def workspace_bytes(spec: ModelSpec, target: Target) -> int:
     prefill = min(target.prefill_tokens or target.context, target.context)
     tokens = b * prefill
     act = io_bytes(spec.precision, target.provider)
-    hidden = tokens * act * max(2 * s.hidden + 3 * s.intermediate, 2 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
-    logits = 2 * tokens * s.vocab * act + b * s.vocab * 4
+    hidden = tokens * act * max(3 * s.hidden + 6 * s.intermediate, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
+    logits = tokens * s.vocab * act + b * s.vocab * 4
     return hidden + logits + WORKSPACE_FLOOR_BYTES[target.provider]
 
 

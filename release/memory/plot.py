@@ -11,10 +11,10 @@ from release.memory.verdict import MemoryPlan
 
 def plot_plan(plan: MemoryPlan, out: Path, overlap_bytes: int | None = None) -> Path:
     """Write the plot for `plan` to `out` (matplotlib, Agg backend: no display needed)."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - plotting is optional; matplotlib loads only for a plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after use("Agg"), so no display is needed
 
     t = plan.target
     top = max(2 * t.concurrency, 2 * max((a.max_concurrency for a in plan.alternatives), default=1), 8)

@@ -65,12 +65,11 @@ class MemoryPlan:
             return f"fits: {head}; up to {self.max_concurrency} sequences at {t.context} tokens"
         other = self.precision_that_fits
         instead = f"{other} fits" if other else "no precision fits"
-        best = max(self.alternatives, key=lambda a: a.max_concurrency, default=None)
-        at_best = f", {best.precision} fits {best.max_concurrency}" if best and best.precision != self.spec.precision else ""
+        per_precision = ", ".join(f"{a.precision} {a.max_concurrency}" for a in self.alternatives)
         gpus = f"; {self.gpus_needed} x {t.gpu_name or 'devices'} would fit" if self.gpus_needed else ""
         return (f"does not fit: {head}; largest concurrency at {t.context} tokens: {self.max_concurrency} "
-                f"({self.spec.precision}{at_best}); largest context at {t.concurrency} sequences: "
-                f"{self.max_context}; {instead} at {t.concurrency} x {t.context}{gpus}")
+                f"({per_precision}); largest context at {t.concurrency} sequences: {self.max_context}; "
+                f"{instead} at {t.concurrency} x {t.context}{gpus}")
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target

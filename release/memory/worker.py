@@ -8,6 +8,8 @@ A fresh process per measurement: the allocator state and page cache of an earlie
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import threading
@@ -17,6 +19,10 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
+import onnxruntime_genai as og
+import psutil
+
+from release.memory.gpu_env import require_cuda
 
 
 class PeakSampler:
@@ -43,8 +49,6 @@ class PeakSampler:
 
 
 def _rss() -> int:
-    import psutil
-
     return int(psutil.Process().memory_info().rss)
 
 
@@ -71,9 +75,6 @@ def _peak_rss() -> int | None:
 def _release_free_heap() -> None:
     # Loading frees its read buffers into malloc's heap, where they stay resident; a later allocation that
     # reuses them would not show as growth. glibc's malloc_trim hands them back first (no-op elsewhere).
-    import ctypes
-    import ctypes.util
-
     name = ctypes.util.find_library("c")
     if name:
         trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
@@ -81,22 +82,23 @@ def _release_free_heap() -> None:
             trim(0)
 
 
-def _device_used(pid: int) -> Callable[[], int]:
-    import pynvml
+def _device_used() -> Callable[[], int]:
+    """Used memory of the visible device (nvidia-ml-py). The device's total, not this pid's: a container's pid
+    namespace hides the pid from the driver, and before the CUDA context exists there is no entry to read.
+    The caller subtracts the reading taken before the load, so on a device nothing else uses it is ours."""
+    import pynvml  # noqa: PLC0415 - nvidia-ml-py is in the gpu extra only
 
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(int(os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or 0))
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    handle = pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
 
     def read() -> int:
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid == pid)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
 
     return read
 
 
 def _load(model_dir: Path, provider: str) -> Any:
-    import onnxruntime_genai as og
-
     config = og.Config(str(model_dir))
     config.clear_providers()
     if provider != "cpu":
@@ -106,8 +108,6 @@ def _load(model_dir: Path, provider: str) -> Any:
 
 def _generate(model: Any, batch: int, max_length: int, prompt: int, steps: int) -> float:
     """Prefill `batch` prompts of `prompt` tokens, then `steps` decode steps; the seconds to the first token."""
-    import onnxruntime_genai as og
-
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False, batch_size=batch)
     started = time.perf_counter()
@@ -125,10 +125,10 @@ def _generate(model: Any, batch: int, max_length: int, prompt: int, steps: int) 
 
 
 def measure(model_dir: Path, provider: str, batch: int, max_length: int, prompt: int, steps: int) -> dict[str, Any]:
-    """Memory before load, after load, and at the peak of one full batch (cpu: RSS; cuda: this pid on the device)."""
-    import onnxruntime_genai  # noqa: F401 - imported before the baseline: its own code is not the model's
-
-    read = _rss if provider == "cpu" else _device_used(os.getpid())
+    """Memory before load, after load, and at the peak of one full batch (cpu: RSS; cuda: the device's used memory)."""
+    if provider != "cpu":
+        require_cuda(model_dir / "model.onnx")  # the provider a session really runs on, not the available list
+    read = _rss if provider == "cpu" else _device_used()
     started = _rss()
     device_start = read()
     t0 = time.perf_counter()
@@ -149,8 +149,6 @@ def measure(model_dir: Path, provider: str, batch: int, max_length: int, prompt:
 
 def cold_start(model_dir: Path, provider: str, prompt: int) -> dict[str, Any]:
     """Load time of the model and time to the first token of its first request (batch 1)."""
-    import onnxruntime_genai  # noqa: F401 - the import is not the model's load time
-
     t0 = time.perf_counter()
     model = _load(model_dir, provider)
     load_s = time.perf_counter() - t0

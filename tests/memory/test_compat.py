@@ -128,7 +128,7 @@ def test_estimate_for_the_converted_tiny_model(tiny_fp32: Path, tiny_base_only: 
 
 
 def test_measure_memory_is_honest_about_the_host(tiny_fp32: Path, tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="genai_config.json is missing"):
+    with pytest.raises(InputError, match=r"genai_config\.json is missing"):
         measure_memory(tmp_path, ServingConfig())
     result = measure_memory(tiny_fp32, ServingConfig(concurrency=2, context_tokens=64))
     if shutil.which("nvidia-smi") is None:

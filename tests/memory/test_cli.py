@@ -1,0 +1,96 @@
+"""`relctl plan` through the relctl group: the verdict, JSON, the plot, and each bad input as one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from release.cli import cli
+from release.memory.plan import Target, breakdown
+from release.memory.verdict import load_spec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MISTRAL = str(FIXTURES / "mistral-7b.json")
+
+
+def plan(*args: str, project: Path | None = None) -> tuple[int, str, str]:
+    base = ["--project-dir", str(project)] if project else []
+    result = CliRunner().invoke(cli, [*base, "plan", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_a_plan_that_fits_prints_json_and_a_plot(tmp_path: Path) -> None:
+    code, out, _ = plan(MISTRAL, "--gpu", "H100-80GB", "--concurrency", "4", "--context", "4096", "--precision",
+                        "fp16", "--json", "--plot", str(tmp_path / "p.png"), project=tmp_path)
+    assert code == 0
+    data = json.loads(out)
+    expected = breakdown(load_spec(Path(MISTRAL), "fp16", "cuda"), Target(memory_gib=80, concurrency=4, context=4096))
+    assert data["fits"] and data["breakdown"]["peak"] == expected.peak
+    assert data["breakdown"]["kv_cache"] == 2 * 32 * 8 * 128 * 2 * 4 * 4096
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_plan_that_does_not_fit_exits_1_and_says_what_would(tmp_path: Path) -> None:
+    code, out, _ = plan(MISTRAL, "--gpu", "A100-80GB", "--concurrency", "64", "--context", "8192", "--precision",
+                        "fp16", "--json", project=tmp_path)
+    data = json.loads(out)
+    assert code == 1 and not data["fits"]
+    assert data["max_concurrency"] < 64
+    assert f"largest concurrency at 8192 tokens: {data['max_concurrency']}" in data["summary"]
+
+
+def test_user_gpu_from_release_yaml(tmp_path: Path) -> None:
+    (tmp_path / "release.yaml").write_text("gates:\n  memory:\n    gpu: my-card\n    catalogue:\n"
+                                           "      my-card: {memory_gib: 12, price_per_hour: 0.2}\n")
+    code, out, _ = plan(MISTRAL, "--gpu", "My Card", "--concurrency", "1", "--context", "512", "--precision",
+                        "int4", "--json", project=tmp_path)
+    data = json.loads(out)
+    assert code == 0 and data["target"]["memory_gib"] == 12 and data["target"]["price_per_hour"] == 0.2
+
+
+def _package_without_config(tmp_path: Path) -> str:
+    pkg = tmp_path / "pkg" / "model"
+    pkg.mkdir(parents=True)
+    (pkg / "model.onnx").write_bytes(b"")
+    return str(tmp_path / "pkg")
+
+
+def _config_missing_heads(tmp_path: Path) -> str:
+    data = json.loads(Path(MISTRAL).read_text())
+    del data["num_attention_heads"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.mark.parametrize(("case", "message", "hint"), [
+    ("unknown-gpu", "unknown GPU 'H100-80'", "did you mean 'H100-80GB'?"),
+    ("zero-concurrency", "--concurrency: 0 is not a positive integer", "--concurrency of 1 or more"),
+    ("negative-context", "--context: -5 is not a positive integer", "--context of 1 or more"),
+    ("negative-memory", "memory: -3.0 GiB is not positive", "GPU name or a size"),
+    ("no-config", "the package has no config.json", "relctl package"),
+    ("missing-field", "config.json: no positive integer 'num_attention_heads'", "needs layers"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, message: str, hint: str) -> None:
+    source, target = MISTRAL, ["--gpu", "H100-80GB"]
+    size = ["--concurrency", "8", "--context", "1024"]
+    if case == "unknown-gpu":
+        target = ["--gpu", "H100-80"]
+    elif case == "zero-concurrency":
+        size = ["--concurrency", "0", "--context", "1024"]
+    elif case == "negative-context":
+        size = ["--concurrency", "8", "--context", "-5"]
+    elif case == "negative-memory":
+        target = ["--memory-gib", "-3"]
+    elif case == "no-config":
+        source = _package_without_config(tmp_path)
+    else:
+        source = _config_missing_heads(tmp_path)
+    code, out, err = plan(source, *target, *size, project=tmp_path)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == ""
+    assert len(lines) == 2 and lines[0].startswith("error: ") and message in lines[0]
+    assert lines[1].startswith("hint: ") and hint in lines[1]
