@@ -10,16 +10,15 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-import yaml
 from pydantic import BaseModel
 
 from gates.base import GateContext, GateResult, GateStatus, ThresholdCheck
 from release.canary.judge import MetricResult
 from release.canary.plots import plot_checks
 from release.canary.runner import CanaryResult, run_canary
+from release.canary.servers import served
 from release.canary.settings import CanaryConfig
 from release.errors import ReleaseError
-from release.serving.process import ServerProcess
 
 
 class CanaryGate:
@@ -38,12 +37,8 @@ class CanaryGate:
         work = context.work_dir
         work.mkdir(parents=True, exist_ok=True)
         config = _with_dataset(self.config, context)
-        server_config = _server_config(work, config)
         try:
-            with ServerProcess(str(context.production.package_dir), work / "production", config=server_config,
-                               project_dir=work) as prod, \
-                 ServerProcess(str(context.package_dir), work / "candidate", config=server_config,
-                               project_dir=work) as cand:
+            with served(context.production.package_dir, context.package_dir, work, config) as (prod, cand):
                 result = run_canary(prod.url, cand.url, config, work, base_dir=context.config_dir,
                                     should_stop=context.should_stop)
                 servers = {"production": prod.info, "candidate": cand.info}
@@ -95,14 +90,6 @@ def _with_dataset(config: CanaryConfig, context: GateContext) -> CanaryConfig:
     else:
         return config
     return config.model_copy(update={"traffic": config.traffic.model_copy(update={"dataset": resolved})})
-
-
-def _server_config(work: Path, config: CanaryConfig) -> Path | None:
-    if config.server is None:
-        return None
-    path = work / "server-config.yaml"
-    path.write_text(yaml.safe_dump({"serving": {"server": config.server.model_dump()}}))
-    return path
 
 
 __all__ = ["CanaryGate", "gate_result"]

@@ -10,8 +10,6 @@ Exit 0 when the candidate passes, 1 when it fails, is inconclusive or is stopped
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,11 +19,11 @@ import yaml
 from pydantic import ValidationError
 
 from release.canary.runner import CanaryResult, run_canary
+from release.canary.servers import served
 from release.canary.settings import CanaryConfig
 from release.cli_support import Ctx, emit, handled, json_option
 from release.errors import Blocked, ConfigError, InputError
 from release.serving.loadgen.bench import check_url
-from release.serving.process import ServerProcess
 
 
 def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConfig, Path | None]:
@@ -125,29 +123,14 @@ def canary_command(ctx: Ctx, model: str | None, production_url: str | None, cand
     else:
         if production_pkg is None or candidate_pkg is None:
             raise InputError("canary: --production and --candidate go together", hint="pass both package folders")
-        with served(production_pkg, candidate_pkg, work, config) as (prod_url, cand_url):
-            result = run_canary(prod_url, cand_url, config, work, base_dir, progress=say)
+        with served(production_pkg, candidate_pkg, work, config) as (prod, cand):
+            result = run_canary(prod.url, cand.url, config, work, base_dir, progress=say)
+            extra = {"servers": {"production": prod.info, "candidate": cand.info}}
     report = finish_report(result, work, extra)
     emit(report, as_json, lambda: _print(result, report))
     if not result.passed:
         raise Blocked(f"canary {result.outcome}: {result.reason}",
                       hint=f"per-metric tests and latency CDFs are in {work}")
-
-
-@contextlib.contextmanager
-def served(production: Path, candidate: Path, work: Path, config: CanaryConfig) -> Iterator[tuple[str, str]]:
-    """Both packages behind `relctl serve`, each on its own port of 127.0.0.1."""
-    from gates.canary import _server_config
-
-    for path in (production, candidate):
-        if not (path / "relctl-package.json").is_file():
-            raise InputError(f"{path}: not a relctl package (no relctl-package.json)",
-                             hint="pass a folder made by `relctl package` or promote")
-    work.mkdir(parents=True, exist_ok=True)
-    server_config = _server_config(work, config)
-    with ServerProcess(str(production), work / "production", config=server_config, project_dir=work) as prod, \
-         ServerProcess(str(candidate), work / "candidate", config=server_config, project_dir=work) as cand:
-        yield prod.url, cand.url
 
 
 def finish_report(result: CanaryResult, work: Path, extra: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,8 @@ class MetricRule(BaseModel):
 
     kind: MetricKind = "continuous"
     bad: Literal["increase", "decrease"] = Field(default="increase", description="which direction is a regression")
-    allowed_relative: float | None = Field(default=None, ge=0, description="share of production's value (median or rate)")
+    allowed_relative: float | None = Field(default=None, ge=0,
+                                           description="share of production's value (median or rate)")
     allowed_absolute: float | None = Field(default=None, ge=0, description="in the metric's unit (ms, or a rate 0..1)")
     critical: bool = Field(default=False, description="a failed (or inconclusive) critical metric fails the step")
     min_samples: int = Field(default=10, ge=1, description="fewer on either side: inconclusive")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from release.canary.runner import CanaryResult
 from release.canary.sources import side_records
 
@@ -14,18 +16,17 @@ COLORS = {"production": "tab:blue", "candidate": "tab:orange"}
 
 def plot_checks(result: CanaryResult, out_dir: Path) -> list[Path]:
     """One PNG per check: TTFT, TPOT and E2EL empirical CDFs, production against candidate."""
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy, and only needed when evidence is drawn
 
-    matplotlib.use("Agg")  # files only: headless in CI
-    import matplotlib.pyplot as plt
-    import numpy as np
+    matplotlib.use("Agg")  # files only: headless in CI; must precede pyplot's import
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after the backend is chosen
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for check in result.checks:
         sides = side_records(result.records, check.label, result.shadow)
         fig, axes = plt.subplots(1, len(METRICS), figsize=(5 * len(METRICS), 4))
-        for ax, (key, title) in zip(axes, METRICS):
+        for ax, (key, title) in zip(axes, METRICS, strict=True):
             for side, records in sides.items():
                 values = [getattr(r, f"{key}_s") for r in records if r.ok and getattr(r, f"{key}_s") is not None]
                 if values:

@@ -8,8 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from release.api import open_registry
 from release.canary.outcome import finish_canary, start_canary
 from release.canary.runner import CanaryResult, run_canary
+from release.canary.servers import served
 from release.canary.settings import CanaryConfig
 from release.errors import InputError, ReleaseError
 from release.registry import CANDIDATE, PRODUCTION, Registry
@@ -32,9 +34,6 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
                      base_dir: Path | None, project_dir: Path, say: Callable[[str], None]
                      ) -> tuple[CanaryResult, dict[str, Any]]:
     """Serve production and candidate versions of `model`, run the canary, move the aliases."""
-    from release.api import open_registry
-    from release.canary.cli import served
-
     registry = open_registry(project_dir)
     registry.require_model(model)
     aliases = registry.aliases(model)
@@ -55,8 +54,8 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         start_canary(registry, model, candidate)
     say(f"canary {model}: v{candidate} against production v{production}")
     try:
-        with served(prod_pkg, cand_pkg, work, config) as (prod_url, cand_url):
-            result = run_canary(prod_url, cand_url, config, work, base_dir,
+        with served(prod_pkg, cand_pkg, work, config) as (prod, cand):
+            result = run_canary(prod.url, cand.url, config, work, base_dir,
                                 should_stop=production_moved(registry, model, production), progress=say)
     except ReleaseError as exc:
         registry.move_aliases(model, {CANDIDATE: None}, "canary-error", f"canary could not run: {exc.message}", None)

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
+
 from release.canary.judge import StepJudgement, judge_step
 from release.canary.settings import CanaryConfig
 from release.canary.sources import records_data, side_records
-from release.canary.traffic import ClientView, TrafficDriver, plan_requests
+from release.canary.traffic import ClientView, TrafficDriver, body_for, plan_requests
 from release.serving.loadgen.client import ClientOptions
 from release.serving.router import Router, RouterRecord, RouterServer, write_records
 
@@ -185,10 +187,6 @@ def _stopped(router: Router, checks: list[Check], reason: str, config: CanaryCon
 
 def _warm_up(router: Router, url: str, opts: ClientOptions, requests: list[Any], count: int) -> None:
     """`count` requests pinned to each side before the first step, labelled "warmup" and never judged."""
-    import httpx
-
-    from release.canary.traffic import body_for
-
     router.set_weights(step="warmup")
     for side in ("production", "candidate"):
         for i in range(count):

@@ -60,6 +60,9 @@ def _exact_match(records: list[RouterRecord], expected: Mapping[str, str]) -> Pr
     return Proportion(correct, len(records))
 
 
+_MEDIAN = 'histogram_quantile(0.5, sum by (le) (rate({metric}_bucket{{version="$side"}}[30s]))) * 1000'
+
+
 @dataclass(frozen=True)
 class PrometheusQueries:
     """PromQL per metric with `$side` standing for the side's selector value (e.g. a version label).
@@ -68,8 +71,8 @@ class PrometheusQueries:
     quality queries return counts over `$window` (e.g. increase(...[$window]))."""
 
     latency: dict[str, str] = field(default_factory=lambda: {
-        "ttft_ms": 'histogram_quantile(0.5, sum by (le) (rate(relctl_ttft_seconds_bucket{version="$side"}[30s]))) * 1000',
-        "e2el_ms": 'histogram_quantile(0.5, sum by (le) (rate(relctl_e2el_seconds_bucket{version="$side"}[30s]))) * 1000',
+        "ttft_ms": _MEDIAN.format(metric="relctl_ttft_seconds"),
+        "e2el_ms": _MEDIAN.format(metric="relctl_e2el_seconds"),
     })
     errors: str | None = 'sum(increase(relctl_requests_total{version="$side",status!~"2.."}[$window]))'
     requests: str | None = 'sum(increase(relctl_requests_total{version="$side"}[$window]))'

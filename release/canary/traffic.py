@@ -64,7 +64,8 @@ def load_rows(path: Path, default_output_tokens: int) -> list[tuple[Sample, str 
         expected = row.get("expected")
         rows.append((sample, expected if isinstance(expected, str) else None))
     if not rows:
-        raise InputError(f"{path.name}: no rows", hint='one JSON object per line, e.g. {"prompt": "...", "expected": "..."}')
+        raise InputError(f"{path.name}: no rows",
+                         hint='one JSON object per line, e.g. {"prompt": "...", "expected": "..."}')
     return rows
 
 
@@ -137,7 +138,7 @@ class TrafficDriver:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=1 << 20) as session:
             start = time.perf_counter() + 0.02
             tasks = []
-            for offset, request in zip(self.offsets, self.requests):
+            for offset, request in zip(self.offsets, self.requests, strict=True):
                 if self._stop.is_set():
                     break
                 await sleep_until(start + float(offset))

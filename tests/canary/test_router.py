@@ -128,3 +128,22 @@ def test_errors_are_recorded_with_their_kind(backend: str, tmp_path: object) -> 
     assert [r.status for r in again] == [r.status for r in router.records]
     assert {"backend", "request_id", "ttft_s", "e2el_s", "output_tokens", "status"} <= set(
         json.loads(path.read_text().splitlines()[0]))
+
+
+def test_tokens_that_decode_to_nothing_are_an_answer_not_an_error() -> None:
+    # relctl serve streams no chunk for tokens without text; only the finish chunk and usage arrive.
+    from release.serving.router.records import RouterRecord
+    from release.serving.router.tally import Tally
+
+    tally = Tally(sent=100.0, keep_text=True)
+    tally.feed(b'data: {"choices":[{"index":0,"finish_reason":"length","text":""}]}\n\n', 100.5)
+    tally.feed(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}\n\ndata: [DONE]\n\n', 100.6)
+    tally.finish(200)
+    rec = RouterRecord(0, 0.0, sent_at=1000.0)
+    tally.apply(rec)
+    assert rec.status == "ok" and rec.output_tokens == 7
+    assert rec.ttft_s is None and rec.e2el_s == 0.5 and rec.tpot_s is None
+    empty = Tally(sent=0.0, keep_text=False)
+    empty.feed(b"data: [DONE]\n\n", 1.0)
+    empty.finish(200)
+    assert empty.status == "empty"

@@ -9,6 +9,8 @@ import time
 from types import TracebackType
 from typing import Any, Self
 
+import uvicorn
+
 from release.errors import StageFailed
 from release.serving.router.app import Router
 
@@ -27,8 +29,6 @@ class RouterServer:
         self._failure: BaseException | None = None
 
     def start(self) -> Self:
-        import uvicorn
-
         config = uvicorn.Config(self.router, host=self.host, port=self.port, lifespan="on", log_level="warning",
                                 access_log=False, timeout_keep_alive=30, backlog=4096)
         self._server = uvicorn.Server(config)
@@ -50,7 +50,7 @@ class RouterServer:
     def _run(self) -> None:
         try:
             asyncio.run(self._server.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported by start()/stop() in the caller's thread
+        except BaseException as exc:  # reported by start() in the caller's thread
             self._failure = exc
 
     def stop(self, timeout_s: float = 30.0) -> None:

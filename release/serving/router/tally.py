@@ -24,6 +24,11 @@ class Tally:
         self.last: float | None = None
         self.itl: list[float] = []
         self.chunks = 0
+        # Chunks with a choice but no visible text (a token that decodes to nothing yet, e.g. half of a
+        # UTF-8 character): the answer's timing when no chunk had text at all.
+        self.silent: list[float] = []
+        self.finished_at: float | None = None   # the chunk that carried finish_reason
+        self.end_only = False
         self.usage_tokens: int | None = None
         self.prompt_tokens: int | None = None
         self.pieces: list[str] = []
@@ -56,6 +61,10 @@ class Tally:
             self.usage_tokens = usage.get("completion_tokens")
             self.prompt_tokens = usage.get("prompt_tokens")
         text = _text(event, "delta")
+        if not text and _token_chunk(event):
+            self.silent.append(now)
+        if _finish_chunk(event):
+            self.finished_at = now
         if text:
             self.chunks += 1
             if self.last is None:
@@ -82,6 +91,13 @@ class Tally:
         if self.stream:
             if self._pending.strip():
                 self._line(self._pending.strip(), now)
+            if self.status is None and self.last is None and (self.usage_tokens or 0) > 0:
+                if self.silent:
+                    self.first, self.last = self.silent[0], self.silent[-1]
+                    self.chunks = len(self.silent)
+                elif self.finished_at is not None:
+                    # Tokens that all decoded to nothing were never streamed: only the end is known.
+                    self.last, self.end_only = self.finished_at, True
             if self.status is None and self.last is None:
                 self.fail("empty", "stream ended without any token")
             self.status = self.status or "ok"
@@ -105,7 +121,7 @@ class Tally:
             rec.output_tokens = self.usage_tokens if self.usage_tokens is not None else self.chunks
             rec.prompt_tokens = self.prompt_tokens
             rec.itl_s = self.itl
-            if self.first is not None:
+            if self.first is not None and not self.end_only:
                 rec.ttft_s = self.first - self.sent
                 rec.first_token_at = self.first + wall
             if self.last is not None:
@@ -115,6 +131,16 @@ class Tally:
                 rec.tpot_s = (rec.e2el_s - rec.ttft_s) / (rec.output_tokens - 1)
         if self.keep_text:
             rec.text = "".join(self.pieces)
+
+
+def _token_chunk(event: dict[str, Any]) -> bool:
+    choices = event.get("choices") or []
+    return bool(choices) and choices[0].get("finish_reason") is None
+
+
+def _finish_chunk(event: dict[str, Any]) -> bool:
+    choices = event.get("choices") or []
+    return bool(choices) and choices[0].get("finish_reason") is not None
 
 
 def _text(event: dict[str, Any], key: str) -> str:
