@@ -8,10 +8,12 @@ from release.gating.contract import (
     GatePhase,
     GateResult,
     GateStatus,
+    Problem,
     ProductionRef,
     ThresholdCheck,
     gate_phase,
+    missing_file,
 )
 
-__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "ProductionRef", "ThresholdCheck",
-           "gate_phase"]
+__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "Problem", "ProductionRef",
+           "ThresholdCheck", "gate_phase", "missing_file"]

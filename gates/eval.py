@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.base import GateContext, GateResult, ThresholdCheck
+from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -67,6 +67,10 @@ class EvalGate:
 
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
+
+    def preflight(self, config_dir: Path | None) -> list[Problem]:
+        found = missing_file("gates.eval.dataset", self.config.dataset, config_dir) if self.config.dataset else None
+        return [found] if found else []
 
     def run(self, context: GateContext) -> GateResult:
         path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset

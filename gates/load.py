@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from gates.base import GateContext, GateResult, ThresholdCheck
-from release.errors import ReleaseError
+from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
+from release.errors import InputError, ReleaseError
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.runner import Traffic
@@ -61,6 +61,11 @@ class LoadGate:
     def __init__(self, config: LoadConfig) -> None:
         self.config = config
 
+    def preflight(self, config_dir: Path | None) -> list[Problem]:
+        traffic = self.config.traffic
+        named = [("gates.load.traffic.dataset", traffic.dataset), ("gates.load.traffic.trace", traffic.trace)]
+        return [p for key, value in named if value for p in [missing_file(key, value, config_dir)] if p]
+
     def run(self, context: GateContext) -> GateResult:
         cfg = self.config
         work = context.work_dir
@@ -75,6 +80,8 @@ class LoadGate:
                                    sweep_rates=cfg.sweep_rates, step_duration_s=cfg.step_duration_s,
                                    base_dir=context.config_dir)
                 report["server"] = server.info
+        except InputError:
+            raise  # the user's to fix (exit 2), not a verdict on the model
         except ReleaseError as exc:
             return GateResult(self.id, "fail", f"load test could not run: {exc.message}",
                               evidence=sorted(work.glob("server/server.log")))

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gates.base import GateContext, GateResult, GateStatus, ThresholdCheck
+from gates.base import GateContext, GateResult, GateStatus, Problem, ThresholdCheck, missing_file
 from gates.detectors import Detector, SuiteCase, available_detectors
 from gates.jsonl import read_jsonl
 from gates.packaged import complete, load_package_model
@@ -93,6 +93,10 @@ class SafetyGate:
 
     def __init__(self, config: SafetyConfig) -> None:
         self.config = config
+
+    def preflight(self, config_dir: Path | None) -> list[Problem]:
+        found = missing_file("gates.safety.suite", self.config.suite, config_dir) if self.config.suite else None
+        return [found] if found else []
 
     def run(self, context: GateContext) -> GateResult:
         suite_path = context.resolve(self.config.suite) if self.config.suite else DEFAULT_SUITE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from dataclasses import replace
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -39,6 +40,12 @@ def fail(ctx: Ctx, exc: BaseException) -> None:
     report = getattr(exc, "report", None)
     if ctx.as_json and report is not None:
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))
+    problems = getattr(exc, "problems", None)
+    if problems:  # every problem at once, each with its fix
+        for message, fix in problems[:-1]:
+            click.echo(f"error: {message}", err=True)
+            click.echo(f"hint: {fix}", err=True)
+        failure = replace(failure, message=problems[-1][0], hint=problems[-1][1])
     click.echo(f"error: {failure.message}", err=True)
     hint = failure.hint
     if failure.bug:

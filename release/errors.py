@@ -55,3 +55,12 @@ class RegistryError(ReleaseError):
     """MLflow could not be read or written."""
 
     exit_code = EXIT_STAGE_FAILED
+
+
+class InputProblems(InputError):
+    """Several things wrong with the input at once: each is printed as its own error and hint line."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        first, hint = problems[0]
+        super().__init__(first if len(problems) == 1 else f"{first} (and {len(problems) - 1} more)", hint)
+        self.problems = problems

@@ -1,7 +1,8 @@
-"""Named pause points for crash tests: `RELCTL_PAUSE_AT=<name>` stops the process there.
+"""Named pause points for crash and race tests: `RELCTL_PAUSE_AT=<name>` stops the process there.
 
-The crash-matrix tests set RELCTL_PAUSE_AT and RELCTL_PAUSE_FILE, wait for the file to appear (the
-process is now paused exactly at that point), SIGKILL it, and check that the next command recovers.
+With RELCTL_PAUSE_AT and RELCTL_PAUSE_FILE set, the process writes the file when it reaches that point
+and waits there until the file is removed (then it goes on) or the process is killed. The crash-matrix
+tests SIGKILL it while it waits; the race tests act meanwhile (a rollback) and then let it go on.
 Unset (always, outside those tests), a pause point costs one dictionary lookup.
 """
 
@@ -16,7 +17,9 @@ def pause_point(name: str) -> None:
     if os.environ.get("RELCTL_PAUSE_AT") != name:
         return
     marker = os.environ.get("RELCTL_PAUSE_FILE")
-    if marker:
-        Path(marker).write_text(f"{os.getpid()} {name}\n")
-    while True:  # until the test kills us
-        time.sleep(3600)
+    if not marker:
+        return
+    path = Path(marker)
+    path.write_text(f"{os.getpid()} {name}\n")
+    while path.exists():
+        time.sleep(0.05)

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from release.config import ReleaseConfig
-from release.errors import Blocked, InputError, ReleaseError
+from release.errors import Blocked, InputError, InputProblems, ReleaseError
 from release.failure import classify
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
+from release.faults import pause_point
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, preflight
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
@@ -63,6 +64,9 @@ class Promotion:
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
+        problems = [p for gate in gates for p in preflight(gate, self._repo_anchor())]
+        if problems:
+            raise InputProblems([(p.message, p.hint) for p in problems])
         training = self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
@@ -125,6 +129,7 @@ class Promotion:
         if dry_run:
             report.outcome = "dry-run"
             return
+        pause_point("register:before")
         later = gates_of_phase(gates, "after_register")
         under_canary = bool(later) and production is not None
         registered = self._register(pipe, run, name, package, report, production, under_canary)

@@ -6,6 +6,8 @@ A gate is a class with
     phase:   "before_register" (default: judged on the package alone) or "after_register" (needs the
              registered version, e.g. the canary, which serves it beside production)
     run(context) -> GateResult
+    preflight(config_dir) -> list[Problem]   (optional) every file its block names, checked in
+             milliseconds before any stage runs, so a typo is exit 2 at once, not a blocked release later
 and is constructed with its validated Config: `Gate(config)`.
 """
 
@@ -23,8 +25,8 @@ from release.checks import ThresholdCheck
 GateStatus = Literal["pass", "fail", "skipped"]
 GatePhase = Literal["before_register", "after_register"]
 
-__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "ProductionRef", "ThresholdCheck",
-           "gate_phase"]
+__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "Problem", "ProductionRef",
+           "ThresholdCheck", "gate_phase", "missing_file", "preflight"]
 
 
 @dataclass
@@ -78,6 +80,29 @@ class Gate(Protocol):
     def run(self, context: GateContext) -> GateResult:
         """Evaluate the candidate; return pass / fail / skipped with its evidence. Never raise to block."""
         ...
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input, and how to fix it."""
+
+    message: str
+    hint: str
+
+
+def missing_file(key: str, value: str | Path, config_dir: Path | None) -> Problem | None:
+    """A Problem when the file a config key names does not exist (relative to release.yaml's folder)."""
+    path = Path(value)
+    resolved = path if path.is_absolute() or config_dir is None else config_dir / path
+    if resolved.is_file():
+        return None
+    return Problem(f"release.yaml: {key}: file '{value}' not found (looked in {resolved.parent})",
+                   f"fix the path in {key}; relative paths are relative to release.yaml's folder")
+
+
+def preflight(gate: Gate, config_dir: Path | None) -> list[Problem]:
+    check = getattr(gate, "preflight", None)
+    return list(check(config_dir)) if check is not None else []
 
 
 def gate_phase(gate: Gate) -> GatePhase:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, gate_phase
 from release.gating.plugins import run_gate
 from release.progress import Progress
@@ -37,6 +38,7 @@ def run_phase_gates(
     results: list[GateResult] = []
     for gate in gates:
         start = time.perf_counter()
+        pause_point(f"gate:{gate.id}")
         with progress.stage(f"gate {gate.id}"):
             result = run_gate(gate, context_for(gate.id))
         progress.done(f"gate {result.gate}", time.perf_counter() - start, f"{result.status}: {result.reason}")

@@ -28,6 +28,7 @@ from release.checkpoint import (
     weight_files,
 )
 from release.errors import InputError, StageFailed
+from release.faults import pause_point
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.settings import read_settings
 from release.stages.base import Stage, StageInputs, StageResult, location
@@ -158,6 +159,7 @@ def _write_shards(headers: list[SafetensorsHeader], plan: AdapterPlan, adapter_f
     def advance(n: int) -> None:
         nonlocal done
         done += n
+        pause_point("merge:writing")
         if progress is not None:
             progress(done, total)
 

@@ -196,6 +196,13 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         if i.target != "none" and current is not None and current.tags.get(T.CONTENT_SHA256) == i.content_sha256:
             # Promoting what already serves is a no-op, not a new version that replaces its own twin.
             return RegisterResult(version=str(current.version), outcome="unchanged", notes=notes)
+        now = str(current.version) if current is not None else None
+        if i.target == "production" and i.expected_production != NOT_CHECKED and now != i.expected_production:
+            was = f"v{i.expected_production}" if i.expected_production else "no production version"
+            raise ProductionMoved(f"{i.model}: production moved from {was} to v{now} while the gates ran; "
+                                  "nothing was registered",
+                                  hint="production changed under this release (a rollback?); re-run relctl "
+                                       "promote to gate the candidate against the new production")
         version = unfinished_version(registry, i.model, i.content_sha256)
         resumed = version is not None
         if version is None:

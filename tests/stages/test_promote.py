@@ -61,7 +61,13 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Modu
     second_result = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("run2"), replace(tiny_run.config, seed=1))
     run2 = train_module.log_run(second_result, project, experiment=MODEL)
     second = relctl(project, "promote", run2, "--json")
-    return {"project": project, "runs": (run1, run2), "results": (first, second)}
+    # The rollback is part of the story, not of one test, so every test sees the same state in any order.
+    rollback = relctl(project, "rollback", MODEL, "--reason", "test rollback")
+    aliases_after_rollback = Registry(resolve_store(project)).aliases(MODEL)
+    history = relctl(project, "history", MODEL, "--json")
+    status = relctl(project, "status", MODEL, "--json")
+    return {"project": project, "runs": (run1, run2), "results": (first, second),
+            "rollback": (rollback, aliases_after_rollback, history, status)}
 
 
 def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None:
@@ -101,16 +107,14 @@ def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> 
 
 
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
-    project = story["project"]
-    result = relctl(project, "rollback", MODEL, "--reason", "test rollback")
+    result, aliases, history, status_result = story["rollback"]
     assert result.exit_code == 0, result.output
-    assert Registry(resolve_store(project)).aliases(MODEL) == {"production": "1"}
-    history = relctl(project, "history", MODEL, "--json")
+    assert aliases == {"production": "1"}
     moves = json.loads(history.stdout)
     assert [(m["action"], m["changes"]["production"]) for m in moves] == [
         ("promote", [None, "1"]), ("promote", ["1", "2"]), ("rollback", ["2", "1"])]
     assert moves[0]["release_run"] and moves[1]["release_run"] != moves[0]["release_run"]
-    status = json.loads(relctl(project, "status", MODEL, "--json").stdout)
+    status = json.loads(status_result.stdout)
     assert status["aliases"]["production"]["training_run"] == story["runs"][0]
 
 
@@ -293,7 +297,7 @@ def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any
 
 def test_register_subcommand_registers_a_package_with_its_lineage(story: dict[str, Any], tmp_path: Path) -> None:
     project, run2 = story["project"], story["runs"][1]
-    package = project / ".relctl" / "work" / run2 / "package" / "package"
+    package = next((project / ".relctl" / "work" / run2).glob("package-*/package"))
     result = relctl(project, "register", str(package), "--model", "manual", "--production", "--json")
     assert result.exit_code == 0, result.output + result.stderr
     assert json.loads(result.stdout)["version"] == "1"

@@ -1,0 +1,144 @@
+"""The release defects of the architecture issue, each on a real promote of the tiny example.
+
+One module fixture builds a project once: v1 (int4) and v2 (fp32) released, and an int8 candidate
+built with --dry-run. Each test works on its own copy of that project (the SQLite store and the stage
+folders travel with it), so the tests run in any order and alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from release.cli import cli
+from release.registry import Registry
+from release.registry import tags as T
+from release.store import resolve_store
+from tests.registry.test_crash_and_race import kill_when_paused, relctl_process
+from tests.stages.test_promote import EXAMPLE, MODEL, load_train_module
+
+pytestmark = pytest.mark.slow
+
+
+def relctl(project: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--project-dir", str(project), *args])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> dict[str, Any]:
+    project = tmp_path_factory.mktemp("defects") / "project"
+    project.mkdir()
+    (project / "release.yaml").write_text(f"model: {MODEL}\nconvert:\n  precision: int4\n")
+    run = load_train_module().log_run(tiny_run, project, experiment=MODEL)
+    for args in (["promote", run], ["promote", run, "--precision", "fp32"],
+                 ["promote", run, "--precision", "int8", "--dry-run"]):
+        result = relctl(project, *args)
+        assert result.exit_code == 0, result.output + result.stderr
+    return {"project": project, "run": run}
+
+
+def copy_project(base: dict[str, Any], tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    shutil.copytree(base["project"], project)
+    return project
+
+
+def versions(project: Path) -> list[str]:
+    registry = Registry(resolve_store(project))
+    return sorted((str(v.version) for v in registry.client.search_model_versions(f"name='{MODEL}'")), key=int)
+
+
+def test_a_missing_load_dataset_is_bad_input_before_any_stage(base: dict[str, Any], tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    (project / "release.yaml").write_text(
+        "convert:\n  precision: int8\ngates:\n  load:\n    traffic: {rate: 4, requests: 4, dataset: nope.jsonl}\n"
+        "  safety:\n    suite: missing-suite.jsonl\n")
+    work_before = sorted(p.name for p in (project / ".relctl" / "work").rglob("*"))
+    started = time.monotonic()
+    result = relctl(project, "promote", base["run"])
+    assert result.exit_code == 2, result.output + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    # Every problem at once, each with its fix, and no stage ran.
+    assert any("gates.load.traffic.dataset" in e and "nope.jsonl" in e for e in errors), errors
+    assert any("gates.safety.suite" in e for e in errors), errors
+    assert sum(line.startswith("hint: ") for line in result.stderr.splitlines()) == len(errors)
+    assert time.monotonic() - started < 20
+    assert sorted(p.name for p in (project / ".relctl" / "work").rglob("*")) == work_before
+    assert versions(project) == ["1", "2"]
+
+
+def test_a_memory_plan_that_does_not_fit_blocks(base: dict[str, Any], tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    (project / "release.yaml").write_text("convert:\n  precision: int8\nserving:\n  gpu_memory_gib: 0.0001\n")
+    result = relctl(project, "promote", base["run"], "--json")
+    assert result.exit_code == 1, result.output + result.stderr
+    assert "memory plan does not fit" in result.stderr
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "blocked" and report["version"] is None
+    assert report["memory"]["fits"] is False and report["memory"]["weights_bytes"] > 0
+    assert report["memory"]["kv_cache_bytes"] > 0 and report["memory"]["max_concurrency"] == 0
+    assert versions(project) == ["1", "2"]
+
+
+def test_changing_the_server_queue_re_runs_neither_validation_nor_memory(base: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    (project / "release.yaml").write_text("convert:\n  precision: int8\nserving:\n  server:\n    queue_size: 3\n")
+    result = relctl(project, "promote", base["run"], "--dry-run", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    stages = json.loads(result.stdout)["stages"]
+    assert stages["validate"]["resumed"] and stages["memory"]["resumed"]
+    assert not stages["package"]["resumed"]  # the serving config is part of the package
+
+
+def test_a_register_killed_after_creating_the_version_is_finished_by_the_re_run(base: dict[str, Any],
+                                                                                 tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    marker = tmp_path / "paused"
+    kill_when_paused(relctl_process(project, "promote", base["run"], "--precision", "int8",
+                                    pause_at="register:version-created", marker=marker), marker, timeout=300)
+    registry = Registry(resolve_store(project))
+    assert versions(project) == ["1", "2", "3"]
+    assert registry.get_version(MODEL, "3").tags[T.RELEASE_STATE] == "registering"
+    assert registry.aliases(MODEL)["production"] == "2"
+    result = relctl(project, "promote", base["run"], "--precision", "int8", "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "did not finish; finishing it" in result.stderr
+    assert json.loads(result.stdout)["version"] == "3"
+    assert versions(project) == ["1", "2", "3"]                     # no twin
+    assert registry.aliases(MODEL) == {"production": "3", "previous": "2"}
+    assert registry.get_version(MODEL, "3").tags[T.RELEASE_STATE] == "released"
+    promotes = [m for m in registry.history(MODEL) if m.action == "promote"]
+    assert [m.changes["production"] for m in promotes] == [[None, "1"], ["1", "2"], ["2", "3"]]
+    # The killed attempt's release run is not left RUNNING.
+    runs = registry.client.search_runs([registry.releases_experiment()], "attributes.status = 'KILLED'")
+    assert len(runs) == 1 and runs[0].data.tags[T.OUTCOME] == "killed"
+
+
+def test_a_rollback_during_the_gates_wins_and_the_promote_says_why(base: dict[str, Any], tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    marker = tmp_path / "paused"
+    proc = relctl_process(project, "promote", base["run"], "--precision", "int8", "--json",
+                          pause_at="register:before", marker=marker)
+    deadline = time.monotonic() + 300
+    while not marker.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    rollback = relctl(project, "rollback", MODEL, "--reason", "incident")
+    assert rollback.exit_code == 0, rollback.output + rollback.stderr
+    marker.unlink()  # the promote goes on to register
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, out + err
+    assert "production moved from v2 to v1 while the gates ran" in err
+    report = json.loads(out)
+    assert report["outcome"] == "error" and report["exit_code"] == 4
+    assert any("production moved" in f for f in report["failures"])
+    registry = Registry(resolve_store(project))
+    assert registry.aliases(MODEL)["production"] == "1"
+    assert [m.action for m in registry.history(MODEL)][-1] == "rollback"
