@@ -60,22 +60,23 @@ def _exact_match(records: list[RouterRecord], expected: Mapping[str, str]) -> Pr
     return Proportion(correct, len(records))
 
 
-_MEDIAN = 'histogram_quantile(0.5, sum by (le) (rate({metric}_bucket{{version="$side"}}[30s]))) * 1000'
+_MEDIAN = "histogram_quantile(0.5, sum by (le) (rate({metric}_bucket{{$side}}[30s]))) * 1000"
 
 
 @dataclass(frozen=True)
 class PrometheusQueries:
-    """PromQL per metric with `$side` standing for the side's selector value (e.g. a version label).
+    """PromQL per metric with `$side` standing for the side's label matchers (e.g. `revision="m-00002"`).
 
-    Latency queries return one series in milliseconds (a quantile or mean over a short range); error and
-    quality queries return counts over `$window` (e.g. increase(...[$window]))."""
+    The defaults read `relctl serve`'s own /metrics (the labels that tell the sides apart come from the
+    scrape: pod, revision or version relabelling). Latency queries return one series in milliseconds (a
+    quantile over a short range); error and quality queries return counts over `$window`."""
 
     latency: dict[str, str] = field(default_factory=lambda: {
-        "ttft_ms": _MEDIAN.format(metric="relctl_ttft_seconds"),
-        "e2el_ms": _MEDIAN.format(metric="relctl_e2el_seconds"),
+        "ttft_ms": _MEDIAN.format(metric="relctl_time_to_first_token_seconds"),
+        "e2el_ms": _MEDIAN.format(metric="relctl_request_duration_seconds"),
     })
-    errors: str | None = 'sum(increase(relctl_requests_total{version="$side",status!~"2.."}[$window]))'
-    requests: str | None = 'sum(increase(relctl_requests_total{version="$side"}[$window]))'
+    errors: str | None = 'sum(increase(relctl_requests_total{$side,code!~"2.."}[$window]))'
+    requests: str | None = "sum(increase(relctl_requests_total{$side}[$window]))"
     correct: str | None = None
     known: str | None = None
 
@@ -86,7 +87,7 @@ class PrometheusSource:
     def __init__(self, url: str, sides: Mapping[str, str], queries: PrometheusQueries | None = None,
                  resolution_s: float = 5.0, timeout_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
-        self.sides = dict(sides)   # {"production": "3", "candidate": "4"}: the value put in for $side
+        self.sides = dict(sides)   # {"production": 'version="3"', "candidate": 'version="4"'}: for $side
         self.queries = queries or PrometheusQueries()
         self.resolution_s = resolution_s
         self.timeout_s = timeout_s
