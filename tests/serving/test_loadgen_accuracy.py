@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -89,3 +90,11 @@ def test_errors_are_counted_by_kind(delay_server: str) -> None:
     summary = summarize(records, 100.0, SLOs())
     assert summary["errors"] == {"connect": 3, "http_4xx": 5}
     assert summary["error_rate"] == 1.0
+
+
+def test_a_request_past_its_timeout_ends_as_a_timeout(delay_server: str) -> None:
+    opts = ClientOptions(base_url=f"{delay_server}/d/3000/1", model="delay", timeout_s=0.3)
+    began = time.perf_counter()
+    records = asyncio.run(run_schedule(plan_arrivals("constant", 10.0, 3, seed=0), samples(3, 2), opts))
+    assert [r.status for r in records] == ["timeout"] * 3
+    assert time.perf_counter() - began < 2.5  # ended at ~0.3 s each (+ the 0.1 s sweep), not at 3 s

@@ -24,6 +24,7 @@ from release.serving.loadgen.http1 import Endpoint as HttpEndpoint
 from release.serving.loadgen.timer import WakeTimer
 
 Endpoint = Literal["completions", "chat"]
+SWEEP_S = 0.1  # how often requests past their timeout are ended: timeouts are exact to 0.1 s
 T = TypeVar("T")
 
 
@@ -125,9 +126,12 @@ class _Run:
         self.next = 0
         self.unfinished = len(self.records)
         self.in_flight = 0
+        self.active: set[_Exchange] = set()
         self.waiting: deque[_Exchange] = deque()
         self.done: asyncio.Future[None] = loop.create_future()
         self.timer = WakeTimer(loop, self._dispatch)
+        # One periodic sweep for timeouts instead of a timer per request (each costs a timer handle).
+        self.sweeper = loop.call_later(SWEEP_S, self._sweep)
         if self.unfinished == 0:
             self.done.set_result(None)
         else:
@@ -155,10 +159,18 @@ class _Run:
 
     def _start(self, exchange: _Exchange) -> None:
         self.in_flight += 1
-        exchange.deadline = asyncio.get_running_loop().call_later(self.opts.timeout_s, exchange.on_timeout)
+        exchange.deadline = time.perf_counter() + self.opts.timeout_s
+        self.active.add(exchange)
         self.pool.send(exchange.request, exchange)
 
-    def finished(self) -> None:
+    def _sweep(self) -> None:
+        now = time.perf_counter()
+        for exchange in [e for e in self.active if e.deadline <= now]:
+            exchange.on_timeout()
+        self.sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+    def finished(self, exchange: _Exchange) -> None:
+        self.active.discard(exchange)
         self.in_flight -= 1
         self.unfinished -= 1
         if self.waiting:
@@ -169,6 +181,7 @@ class _Run:
             self.done.set_result(None)
 
     def close(self) -> None:
+        self.sweeper.cancel()
         self.timer.close()
         self.pool.close()
 
@@ -179,7 +192,7 @@ class _Exchange:
     def __init__(self, run: _Run, rec: Record, planned: float, request: bytes) -> None:
         self.run, self.rec, self.planned, self.request = run, rec, planned, request
         self.waited_from = 0.0
-        self.deadline: asyncio.TimerHandle | None = None
+        self.deadline = float("inf")
         self.body = bytearray()
         self.partial = b""
         self.last: float | None = None
@@ -274,9 +287,7 @@ class _Exchange:
             return
         self.over = True
         self.rec.status, self.rec.error = status, error
-        if self.deadline is not None:
-            self.deadline.cancel()
-        self.run.finished()
+        self.run.finished(self)
 
 
 def _chunk_text(event: dict[str, Any]) -> str:
