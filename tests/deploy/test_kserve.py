@@ -92,7 +92,8 @@ def test_resources_credentials_metrics_cache_and_probes() -> None:
     assert c["resources"] == {"requests": {"cpu": "500m", "memory": "6656Mi", "nvidia.com/gpu": "2"},
                               "limits": {"memory": "6656Mi", "nvidia.com/gpu": "2"}}
     env = {e["name"]: e for e in c["env"]}
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "RELCTL_API_KEY"):
         assert env[key]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-creds" and "value" not in env[key]
     assert env["MLFLOW_TRACKING_URI"]["valueFrom"]["secretKeyRef"].get("optional") is not True
     predictor = manifest["spec"]["predictor"]
@@ -144,9 +145,18 @@ def test_cuda_image_runs_the_same_entrypoint() -> None:
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.serving.tinymodel import build_tiny_package
+    """The serving tests' tiny random Llama, packaged with the manifest fields promote writes (so that
+    `relctl register` takes it)."""
+    from release.stages.package import build_package
+    from tests.serving.tinymodel import build_genai, build_hf_model
 
-    return build_tiny_package(tmp_path_factory.mktemp("kserve-package"))
+    root = tmp_path_factory.mktemp("kserve-package")
+    hf = build_hf_model(root / "hf")
+    genai = build_genai(hf, root / "genai")
+    fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"exporter": "genai", "versions": {}},
+              "lineage": {"run_id": "test"}, "serving": {}}
+    build_package(root / "package", genai, hf, fields)
+    return root / "package"
 
 
 def free_port() -> int:
@@ -156,37 +166,60 @@ def free_port() -> int:
         return port
 
 
-def test_image_entrypoint_serves_health(package: Path, tmp_path: Path) -> None:
-    """ENTRYPOINT + the manifest's args, as the container runtime joins them; PORT as Knative sets it.
+def container_env(manifest: dict[str, Any], secret: dict[str, str], paths: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it from the manifest: literal values, and
+    secretKeyRef values from `secret` (an optional key that is absent sets nothing). `paths` maps the
+    image's own paths to writable folders here."""
+    env: dict[str, str] = {}
+    for var in container(manifest)["env"]:
+        if "value" in var:
+            env[var["name"]] = paths.get(var["value"], var["value"])
+            continue
+        ref = var["valueFrom"]["secretKeyRef"]
+        if ref["key"] in secret:
+            env[var["name"]] = secret[ref["key"]]
+        else:
+            assert ref.get("optional") is True, f"secret key {ref['key']} is required"
+    return env
 
-    The manifest's MODEL/VERSION argument is swapped for a package folder: the registry is not part of
-    what this test checks (and `relctl serve MODEL/VERSION` is served by the same code path after fetching).
-    """
-    manifest = rendered("tiny-llm/3", "--image", IMAGE)
+
+def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Path) -> None:
+    """ENTRYPOINT + the manifest's args and env, joined as the container runtime does; PORT as Knative sets
+    it. The Secret names a registry (here an SQLite store holding the registered package); the image's
+    cache path is swapped for a writable folder."""
+    registry = tmp_path / "registry"
+    registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm", "--json")
+    assert registered.exit_code == 0, registered.output
+    manifest = rendered("tiny-llm/1", "--image", IMAGE)
     entrypoint = dockerfile_exec(templates_dir() / "Dockerfile", "ENTRYPOINT")
-    args = [str(package) if a == "tiny-llm/3" else a for a in container(manifest)["args"]]
+    secret = {"MLFLOW_TRACKING_URI": f"sqlite:///{registry / '.relctl' / 'mlflow.db'}"}
+    cache = tmp_path / "cache"
+    cache.mkdir()
     port = free_port()
-    env = {**os.environ, "PORT": str(port), "RELCTL_PROJECT_DIR": str(tmp_path / "cache"),
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+           **container_env(manifest, secret, {"/var/cache/relctl": str(cache)}), "PORT": str(port),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    (tmp_path / "cache").mkdir()
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([*entrypoint, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([*entrypoint, *container(manifest)["args"]], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        status = None
+        health = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code
-                if status == 200:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                if health.status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
-        assert status == 200, log.read_text()[-3000:]
+        assert health is not None and health.status_code == 200, log.read_text()[-3000:]
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        assert models.headers["X-Relctl-Model"] == "tiny-llm" and models.headers["X-Relctl-Version"] == "1"
         # `exec` in the entrypoint: the server is the container's main process and gets SIGTERM itself.
         assert "relctl" in Path(f"/proc/{proc.pid}/cmdline").read_text()
+        assert list(cache.rglob("relctl-package.json")), "the package is cached on the writable volume"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=40)
