@@ -101,7 +101,7 @@ async def run_schedule(offsets: np.ndarray, samples: list[Sample], opts: ClientO
     """Send samples[i] at offsets[i] (seconds from `start`, a perf_counter time; default: 50 ms from now)
     and return one Record per request, in order. `indices` are the plan positions the records carry
     (a segment of a larger plan); default 0..n-1."""
-    run = _Run(offsets, samples, opts, indices, time.perf_counter() + 0.05 if start is None else start)
+    run = _Run(offsets, samples, opts, indices, start)
     try:
         await run.done
     finally:
@@ -113,16 +113,18 @@ class _Run:
     """One schedule in flight: the dispatcher, the concurrency cap, and the count of unfinished requests."""
 
     def __init__(self, offsets: np.ndarray, samples: list[Sample], opts: ClientOptions,
-                 indices: list[int] | None, start: float) -> None:
+                 indices: list[int] | None, start: float | None) -> None:
         loop = asyncio.get_running_loop()
-        self.opts, self.start = opts, start
+        self.opts = opts
         endpoint = HttpEndpoint(opts.url)
         self.pool = Pool(endpoint)
         positions = indices if indices is not None else range(len(samples))
         self.records = [Record(int(p), float(o), expected_output_tokens=s.output_tokens)
                         for p, o, s in zip(positions, offsets, samples, strict=True)]
         self.requests = [endpoint.request(json.dumps(request_body(s, opts)).encode()) for s in samples]
-        self.planned = [start + float(o) for o in offsets]
+        # The clock starts once every request is built: building 10,000 bodies takes a good part of a second.
+        self.start = time.perf_counter() + 0.05 if start is None else start
+        self.planned = [self.start + float(o) for o in offsets]
         self.next = 0
         self.unfinished = len(self.records)
         self.in_flight = 0
