@@ -69,7 +69,9 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait_s: float = D
             client.create_registered_model(name, tags=tags, description=f"relctl: {purpose} of '{model}' in progress")
             break
         except MlflowException as exc:
-            if not (_exists_error(exc) or _busy_error(exc)):
+            # MLflow's SQL store answers a duplicate name by reading the model back; when the holder
+            # released it in between (PostgreSQL behind a tracking server) that read says "not found".
+            if not (_exists_error(exc) or _busy_error(exc) or _missing_error(exc)):
                 raise RegistryError(f"cannot take the alias lock of '{model}': {exc.message}") from exc
         holder = _holder(client, name)
         if holder is not None and _stale(holder):

@@ -128,18 +128,23 @@ def _wait(what: str, ready: Any, proc: subprocess.Popen[bytes] | None, log: Path
         time.sleep(0.3)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End `proc` and its children (it leads its own session: `mlflow server` forks uvicorn workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=5)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    try:  # whatever of the group is still there (a worker that ignored SIGTERM)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=10)
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """End each process and its children (each leads its own session: `mlflow server` forks workers).
+
+    All are asked at once, so the session's teardown waits for the slowest, not for their sum.
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
 
 class _Postgres:
@@ -254,8 +259,7 @@ def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRe
                             access_key, secret_key, token, password, pg_password, logs,
                             (secret_key, pg_password, token, password))
     finally:
-        for proc in reversed(procs):
-            _stop(proc)
+        _stop(procs)
         postgres.stop()
 
 
