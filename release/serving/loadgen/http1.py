@@ -20,7 +20,10 @@ MAX_HEAD = 65536
 
 
 class Sink(Protocol):
-    """Receives one response. Exactly one of `on_end` or `on_fail` is called, last."""
+    """Receives one response. Exactly one of `on_end` or `on_fail` is called, last. `over`: the
+    request ended on the client's side (a timeout); nothing more is sent for it."""
+
+    over: bool
 
     def on_sent(self, now: float, conn: Connection) -> None: ...
     def on_status(self, status: int, now: float) -> None: ...
@@ -49,11 +52,11 @@ class Endpoint:
 class Pool:
     """Keep-alive connections to one endpoint, opened on demand and reused most-recent first."""
 
-    def __init__(self, endpoint: Endpoint, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
-        self.connect_timeout_s = connect_timeout_s
-        self._idle: list[Connection] = []
+        self._idle: list[Connection] = []  # closed ones are skipped when popped, not searched for
         self._all: set[Connection] = set()
+        self._connecting: set[asyncio.Task[None]] = set()
         self._ssl = ssl.create_default_context() if endpoint.tls else None
 
     def send(self, data: bytes, sink: Sink) -> None:
@@ -62,17 +65,23 @@ class Pool:
             if conn.usable:
                 conn.start(data, sink, reused=True)
                 return
-        asyncio.get_running_loop().create_task(self._open_and_send(data, sink))
+        task = asyncio.get_running_loop().create_task(self._open_and_send(data, sink))
+        self._connecting.add(task)
+        task.add_done_callback(self._connecting.discard)
 
     async def _open_and_send(self, data: bytes, sink: Sink) -> None:
-        loop = asyncio.get_running_loop()
+        # No wait_for around the connect (it costs a second task per connection, and connections are
+        # opened in bursts when a server slows down): the request's own timeout covers a hung connect.
         ep = self.endpoint
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(
+            _, conn = await asyncio.get_running_loop().create_connection(
                 lambda: Connection(self), ep.host, ep.port, ssl=self._ssl,
-                server_hostname=ep.host if self._ssl else None), self.connect_timeout_s)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
+                server_hostname=ep.host if self._ssl else None)
+        except (OSError, ssl.SSLError) as exc:
             sink.on_fail("connect", f"{ep.host}:{ep.port}: {exc.__class__.__name__}: {exc}"[:300])
+            return
+        if sink.over:  # it timed out while connecting: keep the connection, send nothing
+            self.release(conn)
             return
         conn.start(data, sink, reused=False)
 
@@ -81,13 +90,13 @@ class Pool:
 
     def forget(self, conn: Connection) -> None:
         self._all.discard(conn)
-        if conn in self._idle:
-            self._idle.remove(conn)
 
     def track(self, conn: Connection) -> None:
         self._all.add(conn)
 
     def close(self) -> None:
+        for task in list(self._connecting):
+            task.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
