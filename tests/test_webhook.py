@@ -181,17 +181,18 @@ def test_mlflow_delivers_and_one_promote_starts_per_tagged_version(tracking_uri:
     run_a = client.create_run(client.create_experiment("train")).info.run_id
     run_b = client.create_run(client.get_experiment_by_name("train").experiment_id).info.run_id
     client.create_registered_model("shop-llm")
+    before = len(receiver.starts())  # other tests share this receiver
     client.create_model_version("shop-llm", f"runs:/{run_a}/model", run_id=run_a, tags={"relctl.release": "true"})
-    assert wait_starts(receiver, 1) == [[run_a, "shop-llm", "1"]]
+    assert wait_starts(receiver, before + 1)[before:] == [[run_a, "shop-llm", "1"]]
     # Untagged: nothing starts; tagged afterwards (model_version_tag.set): the version's run is looked up.
     client.create_model_version("shop-llm", f"runs:/{run_b}/model", run_id=run_b)
     client.set_model_version_tag("shop-llm", "2", "note", "not the release tag")
-    assert len(wait_starts(receiver, 2, timeout_s=3)) == 1
+    assert len(wait_starts(receiver, before + 2, timeout_s=3)) == before + 1
     client.set_model_version_tag("shop-llm", "2", "relctl.release", "true")
-    assert wait_starts(receiver, 2)[1] == [run_b, "shop-llm", "2"]
+    assert wait_starts(receiver, before + 2)[before:] == [[run_a, "shop-llm", "1"], [run_b, "shop-llm", "2"]]
     # Tagging the same version again is a new delivery, but that version's promote already started.
     client.set_model_version_tag("shop-llm", "2", "relctl.release", "true")
-    assert len(wait_starts(receiver, 3, timeout_s=3)) == 2
+    assert len(wait_starts(receiver, before + 3, timeout_s=3)) == before + 2
 
 
 def post(rec: Receiver, body: bytes, headers: dict[str, str]) -> httpx.Response:
