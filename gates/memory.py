@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from gates.base import GateContext, GateResult, ThresholdCheck
+from release.memory.gpu_env import check_ort_builds
 from release.memory.measure import ColdStart, measure_cold_starts
 from release.memory.package import read_package
 from release.memory.plan import GIB, breakdown
@@ -67,6 +68,7 @@ class MemoryGate:
 
     def _cold_start(self, model_dir: Path, context: GateContext) -> tuple[dict[str, Any], ThresholdCheck | None]:
         cfg = self.config
+        check_ort_builds()  # two ORT builds in one environment would time the wrong runtime
         dirs = [model_dir]
         if context.production is not None:
             dirs.append(read_package(context.production.package_dir).model_dir)

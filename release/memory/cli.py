@@ -93,6 +93,9 @@ def _print(plan: MemoryPlan, plot: Any) -> None:
                          ("budget", b.budget), ("capacity", b.capacity), ("headroom", b.headroom_bytes)):
         click.echo(f"  {label:16s}{_gib(value)}")
     click.echo(("✓ " if plan.fits else "✗ ") + plan.summary())
+    if t.prefill_tokens is None and b.workspace > b.kv_cache:
+        click.echo(f"  note: the workspace assumes all {t.concurrency} sequences prefill {t.context} tokens at once "
+                   "(onnxruntime-genai's batch); --prefill-tokens plans shorter prompts")
     for alt in plan.alternatives:
         click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {alt.peak_bytes / GIB:9.2f} GiB, "
                    f"max concurrency {alt.max_concurrency} at {t.context}, max context {alt.max_context} "

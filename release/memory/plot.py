@@ -33,7 +33,7 @@ def plot_plan(plan: MemoryPlan, out: Path, overlap_bytes: int | None = None) -> 
     ax.set_ylim(0, plan.breakdown.capacity / GIB * 1.6)
     device = f"{t.gpus} x {t.gpu_name or f'{t.memory_gib:g} GiB'}"
     ax.set_title(f"memory vs concurrency on {device}")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

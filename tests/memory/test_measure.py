@@ -17,7 +17,7 @@ from release.memory.package import read_package
 from release.memory.plan import ModelSpec, Target, breakdown
 from release.memory.shape import shape_from_config
 
-# benchmarks/memory.py measured -17% .. +21% on prefill rows and -63% .. -2% on decode rows (see README);
+# benchmarks/memory.py measured -10% .. +4% on prefill rows and -68% .. -2% on decode rows (at most 13 MiB);
 # the test allows a generous 50% so a busy machine does not flake, and still fails a wrong formula (the KV
 # term alone is off by 2x or more for a wrong layout, dtype or allocation rule).
 BOUND = 0.5
