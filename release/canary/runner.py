@@ -8,6 +8,7 @@ checks have failed the canary aborts, otherwise the same step is checked again o
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -87,7 +88,9 @@ def run_canary(production_url: str, candidate_url: str, config: CanaryConfig, wo
     work_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
     router = Router(production_url, candidate_url, record_text=True, timeout_s=config.timeout_s)
-    budget = len(config.steps) * config.step_requests * (config.failure_threshold + 1)
+    needed = max((rule.min_samples for rule in config.metrics.values()), default=1)
+    per_step = [max(config.step_requests, math.ceil(2 * needed * 100 / w)) for w in config.steps]
+    budget = sum(per_step) * (config.failure_threshold + 1)
     rate = config.traffic.rate or 1.0
     n = budget + int(rate * (config.after_rollback_s + config.step_timeout_s)) + 10
     offsets, requests = plan_requests(config.traffic, n, uuid.uuid4().hex[:8], base_dir)
@@ -147,7 +150,10 @@ def _walk(router: Router, driver: TrafficDriver, config: CanaryConfig, expected:
 def _wait_for_step(router: Router, driver: TrafficDriver, label: str, config: CanaryConfig,
                    should_stop: Callable[[], str | None] | None) -> str | None:
     deadline = time.perf_counter() + config.step_timeout_s
-    seen, done = 0, 0
+    # At a small share the candidate gets few requests: the check also waits until each side has the
+    # samples the rules need, so a 10% step is judged on enough data instead of being inconclusive.
+    needed = max((rule.min_samples for rule in config.metrics.values()), default=1)
+    seen, done, prod, cand = 0, 0, 0, 0
     asked = 0.0
     while time.perf_counter() < deadline:
         if should_stop is not None and time.perf_counter() - asked >= STOP_POLL_S:
@@ -156,9 +162,14 @@ def _wait_for_step(router: Router, driver: TrafficDriver, label: str, config: Ca
                 return reason
         records = router.records
         current = len(records)
-        done += sum(1 for r in records[seen:current] if r.step == label and not r.mirrored)
+        for rec in records[seen:current]:
+            if rec.step != label:
+                continue
+            done += not rec.mirrored
+            prod += rec.backend == "production" and not rec.mirrored
+            cand += rec.backend == "candidate" and rec.mirrored == config.shadow
         seen = current
-        if done >= config.step_requests or driver.exhausted:
+        if (done >= config.step_requests and min(prod, cand) >= needed) or driver.exhausted:
             break
         time.sleep(POLL_S)
     return should_stop() if should_stop is not None else None

@@ -43,7 +43,8 @@ class CanaryConfig(BaseModel):
     endpoint: Literal["completions", "chat"] = "completions"
     timeout_s: float = Field(default=30.0, gt=0, description="per request")
     confidence: float = Field(default=0.98, gt=0, lt=1, description="of the shift intervals (Kayenta: 0.98)")
-    pass_score: float = Field(default=0.75, ge=0, le=1, description="share of metrics that must pass a check")
+    pass_score: float = Field(default=1.0, ge=0, le=1, description="share of metrics that must pass a check "
+                              "(1: every metric, as Flagger; lower it for a Kayenta-style score)")
     failure_threshold: int = Field(default=1, ge=1, description="failed checks before the canary aborts")
     shadow: bool = Field(default=False, description="mirror production's requests instead of splitting them")
     after_rollback_s: float = Field(default=1.0, ge=0, description="traffic kept flowing after a rollback")

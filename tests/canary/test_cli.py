@@ -42,11 +42,15 @@ def test_slow_candidate_exits_1_and_says_why(backend: str, tmp_path: Path) -> No
 
 
 def test_inconclusive_exits_1(backend: str, tmp_path: Path) -> None:
-    # 2% of 60 requests cannot give the candidate the 10 samples each metric needs.
+    # 2% for at most a second: the candidate cannot get the 10 samples each metric needs.
+    config = tmp_path / "canary.yaml"
+    config.write_text("gates:\n  canary:\n    steps: [2]\n    step_timeout_s: 1\n    traffic: {rate: 60}\n")
     code, out, err = _canary(tmp_path, "--production-url", url(backend, "1"), "--candidate-url", url(backend, "2"),
-                             "--steps", "2", "--step-requests", "60", "--rate", "60", "--json")
+                             "-c", str(config), "--json")
     assert code == 1
-    assert json.loads(out)["outcome"] == "inconclusive" and "canary inconclusive" in err
+    report = json.loads(out)
+    assert report["outcome"] == "inconclusive" and "canary inconclusive" in err
+    assert all(m["verdict"] == "inconclusive" for m in report["checks"][0]["metrics"] if m["metric"] != "error_rate")
 
 
 def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
