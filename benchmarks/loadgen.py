@@ -86,7 +86,11 @@ def relctl_client(url: str, rate: float, seconds: float, loop: str) -> dict[str,
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     sent = sorted(r.sent_s for r in records)
     lags = np.asarray([r.sent_s - r.scheduled_s for r in records]) * 1000.0
-    return {"requests": n, "errors": sum(not r.ok for r in records), "cores": cpu / wall,
+    kinds: dict[str, int] = {}
+    for rec in records:
+        if not rec.ok:
+            kinds[rec.status] = kinds.get(rec.status, 0) + 1
+    return {"requests": n, "errors": sum(kinds.values()), "error_kinds": kinds, "cores": cpu / wall,
             "client_rate": (n - 1) / (sent[-1] - sent[0]),
             "lag_p50_ms": float(np.percentile(lags, 50)), "lag_p99_ms": float(np.percentile(lags, 99)),
             "ttft_p50_ms": float(np.median([r.ttft_s for r in records if r.ttft_s is not None]) * 1000.0)}

@@ -115,3 +115,12 @@ def test_load_gate_passes_lenient_slos_and_fails_an_impossible_one(trained_packa
 def test_load_gate_config_refuses_unknown_keys() -> None:
     with pytest.raises(ValueError, match="ttft_p99"):
         LoadConfig.model_validate({"slos": {"ttft_p99": 5}})
+
+
+def test_bench_with_model_given_needs_no_models_listing(tmp_path: Path) -> None:
+    # Nothing listens on port 9: with --model the run still goes ahead (and records connect errors).
+    result = CliRunner().invoke(bench_command, ["http://127.0.0.1:9", "--model", "m", "--requests", "3", "--rate", "50",
+                                                "--warmup", "0", "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 1, result.output  # blocked: the error rate SLO
+    report = json.loads(result.output[:result.output.rindex("}") + 1])
+    assert report["runs"][0]["summary"]["errors"] == {"connect": 3} and report["max_model_len"] is None

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from release.errors import InputError
 from release.serving.loadgen.client import ClientOptions
-from release.serving.loadgen.context import discover
+from release.serving.loadgen.context import EndpointInfo, discover
 from release.serving.loadgen.plots import plot_cdfs, plot_latency_vs_rate
 from release.serving.loadgen.runner import (
     RunResult,
@@ -57,7 +57,7 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
         check_url(url)
     if traffic.trace is not None or traffic.dataset is not None:
         plan_traffic(traffic, base_dir=base_dir)  # a bad file is reported before any endpoint is contacted
-    infos = {url: discover(url) for url in urls}
+    infos = {url: _discover(url, client.model) for url in urls}
     contexts = [info.max_model_len for info in infos.values() if info.max_model_len is not None]
     context = min(contexts) if contexts else None
     endpoints = {_label(i, url, len(urls)): replace(client, base_url=url, model=client.model or infos[url].model)
@@ -87,6 +87,16 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
     report["passed"] = all(run.passed for run in runs) if not do_sweep else report["best_rate"] is not None
     write_json(out_dir / "summary.json", report)
     return report
+
+
+def _discover(url: str, model: str | None) -> EndpointInfo:
+    # With --model given, an endpoint without /v1/models still works: prompts are then not sized to it.
+    try:
+        return discover(url)
+    except InputError:
+        if model is None:
+            raise
+        return EndpointInfo(model, None)
 
 
 def merge_segments(folders: list[Path], out_dir: Path, slos: SLOs | None = None) -> dict[str, Any]:
