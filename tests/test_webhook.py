@@ -223,17 +223,28 @@ def test_refusals_are_401_and_start_nothing(receiver: Receiver) -> None:
     assert starts.count([run_id, "refused", "1"]) == 1 and len(starts) == before + 1
 
 
-def test_replays_are_refused_after_a_restart(tmp_path: Path, tracking_uri: str) -> None:
-    body, headers = mlflow_delivery("model_version", "created", created("restart", "1", uuid.uuid4().hex))
-    proc, rec = start_receiver(tmp_path / "r", tracking_uri)
+def test_default_command_is_relctl_promote_and_replays_are_refused_after_a_restart(tmp_path: Path,
+                                                                                   tracking_uri: str) -> None:
+    """No --command: a release runs `relctl promote RUN --model MODEL --json` (here on a run the tracking
+    server does not have, so it ends with relctl's one-line error in the promote log)."""
+    run_id = uuid.uuid4().hex
+    body, headers = mlflow_delivery("model_version", "created", created("restart", "1", run_id))
+    logs = tmp_path / "r" / ".relctl" / "webhook" / "logs"
+    proc, rec = start_receiver(tmp_path / "r", tracking_uri, "--max-age", "300")
     try:
-        assert post(rec, body, headers).status_code == 202
+        accepted = post(rec, body, headers)
+        assert accepted.status_code == 202 and f"promote {run_id} --model restart --json" in accepted.json()["started"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "error: " not in "".join(p.read_text() for p in logs.glob("*.log")):
+            time.sleep(0.3)
+        log = "".join(p.read_text() for p in logs.glob("*.log"))
+        assert "error: " in log and run_id in log, log
     finally:
         stop(proc)
-    proc, rec = start_receiver(tmp_path / "r", tracking_uri)
+    proc, rec = start_receiver(tmp_path / "r", tracking_uri, "--max-age", "300")
     try:
         assert post(rec, body, headers).status_code == 401
-        assert len(rec.starts()) == 1
+        assert len(list(logs.glob("*.log"))) == 1
     finally:
         stop(proc)
 
@@ -246,7 +257,8 @@ def github_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     async def dispatch(request: Request) -> Response:
         calls.append({"path": request.url.path, "auth": request.headers.get("authorization"),
                       "json": json.loads(await request.body())})
-        return Response(status_code=204)
+        # The first call fails, as GitHub does now and then: the receiver must let MLflow's retry through.
+        return Response(status_code=502 if len(calls) == 1 else 204)
 
     app = Starlette(routes=[Route("/repos/{owner}/{repo}/dispatches", dispatch, methods=["POST"])])
     port = free_port()
@@ -268,12 +280,15 @@ def test_github_repository_dispatch(tmp_path: Path, tracking_uri: str,
     try:
         run_id = uuid.uuid4().hex
         body, headers = mlflow_delivery("model_version", "created", created("gh-llm", "4", run_id))
+        assert post(rec, body, headers).status_code == 502  # GitHub failed: MLflow retries the same delivery
         assert post(rec, body, headers).status_code == 202
+        assert post(rec, body, headers).status_code == 401  # and once it succeeded, it is a replay
     finally:
         stop(proc)
-    assert calls == [{"path": "/repos/acme/models/dispatches", "auth": "Bearer gh-token",
-                      "json": {"event_type": "relctl-promote",
-                               "client_payload": {"run_id": run_id, "model": "gh-llm", "version": "4"}}}]
+    expected = {"path": "/repos/acme/models/dispatches", "auth": "Bearer gh-token",
+                "json": {"event_type": "relctl-promote",
+                         "client_payload": {"run_id": run_id, "model": "gh-llm", "version": "4"}}}
+    assert calls == [expected, expected]
 
 
 def test_missing_secret_is_bad_input(tmp_path: Path) -> None:
