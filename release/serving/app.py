@@ -60,9 +60,13 @@ def create_app(state: ServerState) -> ASGIApp:
 
     async def health(_: Request) -> Response:
         engine = state.engine
+        batching = engine.batching
+        # A failed batching engine sends new requests to the thread pool: still serving, but degraded.
+        status = "degraded" if batching.get("healthy") is False else "ok"
         return JSONResponse({
-            "status": "ok", "model": state.identity.model_id, "serving_config": state.identity.serving_config,
+            "status": status, "model": state.identity.model_id, "serving_config": state.identity.serving_config,
             "load_time_s": engine.load_time_s, "in_flight": engine.in_flight, "queue_depth": engine.queue_depth,
+            "batching": batching,
         })
 
     async def metrics(_: Request) -> Response:
@@ -72,7 +76,8 @@ def create_app(state: ServerState) -> ASGIApp:
         ident = state.identity
         card = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "relctl",
                 "root": ident.name, "version": ident.version, "serving_config": ident.serving_config,
-                "max_model_len": state.engine.context_length}
+                "max_model_len": state.engine.context_length,
+                "max_batch_size": state.engine.batching["max_batch_size"]}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def openapi(_: Request) -> Response:

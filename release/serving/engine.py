@@ -1,9 +1,14 @@
-"""The model behind the server: one onnxruntime-genai model, a fixed pool of generator threads and
-admission control in front of it.
+"""The model behind the server: one onnxruntime-genai model, admission control in front of it, and two
+ways to generate:
 
-Generation is blocking C++ work, so each request runs in a worker thread and hands tokens back to the
-event loop through an asyncio queue. Admission is decided before any work is queued: at most
-`workers + queue_size` requests are admitted; the rest are refused at once (429) instead of piling up.
+- batched (serving.server.batching auto|on): onnxruntime-genai's `og.Engine` on one driver thread
+  (release.serving.batching), up to `max_batch_size` requests per model step;
+- a fixed pool of generator threads (batching off, models the Engine cannot serve, and requests with a
+  `seed`, which the Engine's static scheduler cannot honour per request).
+
+Generation is blocking C++ work, so it never runs on the event loop; tokens come back through an asyncio
+queue per request. Admission is decided before any work is queued: at most `slots + queue_size`
+requests are admitted (slots: the batch size or the workers); the rest are refused at once (429).
 """
 
 from __future__ import annotations
@@ -16,14 +21,17 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from release.errors import InputError
 from release.runtime import open_tokenizer
+from release.serving.batching import BatchEngine
+from release.serving.jobs import Finished, Job, StopMatcher, emit_text
 from release.serving.protocol import GenerationParams, ModelLimits
 from release.serving.settings import ServerSettings
+
+__all__ = ["Engine", "Finished", "StopMatcher"]
 
 log = logging.getLogger("relctl.serve")
 
@@ -33,34 +41,8 @@ FALLBACK_CHAT_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The last event of a generation. reason: stop, length, timeout, cancelled or error (`error` says what
-    failed: a server fault, since every request parameter is checked before generation starts)."""
-
-    reason: str
-    output_tokens: int
-    queue_s: float
-    error: str | None = None
-
-
-@dataclass
-class Job:
-    prompt_ids: list[int]
-    params: GenerationParams
-    deadline: float  # time.monotonic() value; queue wait counts against it
-    loop: asyncio.AbstractEventLoop
-    rid: str
-    events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    admitted: float = field(default_factory=time.monotonic)
-
-    def emit(self, event: str | Finished) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-
 class Engine:
-    """A loaded model: tokenizer, chat template, limits and the worker pool."""
+    """A loaded model: tokenizer, chat template, limits, admission, the batching engine and the worker pool."""
 
     def __init__(self, model_dir: Path, settings: ServerSettings) -> None:
         import onnxruntime_genai as og  # noqa: PLC0415 - loaded with a model, not by `relctl bench`
@@ -74,18 +56,49 @@ class Engine:
         self.context_length = int(runtime["model"]["context_length"])
         self.limits = ModelLimits(vocab_size=int(runtime["model"]["vocab_size"]), context_length=self.context_length)
         started = time.perf_counter()
-        self.model = og.Model(str(model_dir))
+        config = og.Config(str(model_dir))
+        if settings.batching != "off":
+            config.overlay(json.dumps({"engine": {"static_batching": {"max_batch_size": settings.max_batch_size}}}))
+        self.model = og.Model(config)
         # Like training: onnxruntime-genai leaves out BOS unless special tokens are switched on.
         self.tokenizer = open_tokenizer(self.model)
-        self.load_time_s = time.perf_counter() - started
         self.eos_ids = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
+        self.batch, self.batching_note = self._start_batching(model_dir)
+        self.load_time_s = time.perf_counter() - started
         self.chat_template = read_chat_template(model_dir)
         self._pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="relctl-gen")
+        self.slots = self.batch.max_batch_size if self.batch else settings.workers
         self._admitted = 0
         self._running = 0
         self._lock = threading.Lock()
-        # Exponentially weighted mean service time, for Retry-After.
+        # Exponentially weighted mean service time of the thread pool, for Retry-After.
         self._service_s = 1.0
+
+    def _start_batching(self, model_dir: Path) -> tuple[BatchEngine | None, str]:
+        mode = self.settings.batching
+        if mode == "off":
+            return None, "off (serving.server.batching)"
+        try:
+            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids)
+        except Exception as exc:  # the Engine refuses models it cannot schedule (model-managed KV cache...)
+            if mode == "on":
+                raise InputError(f"{model_dir.parent.name}: batching is on, but onnxruntime-genai's Engine cannot "
+                                 f"serve this model: {exc}", hint="set serving.server.batching to auto or off") from exc
+            log.info("batching unavailable, serving with %d generator threads: %s", self.settings.workers, exc)
+            return None, f"unavailable: {exc}"
+        return batch, "on"
+
+    @property
+    def batching(self) -> dict[str, Any]:
+        """What /health, /v1/models and /metrics say about batching."""
+        batch = self.batch
+        if batch is None:
+            return {"mode": "threads", "max_batch_size": 1, "workers": self.settings.workers,
+                    "note": self.batching_note}
+        steps = batch.stats.steps
+        return {"mode": "engine", "max_batch_size": batch.max_batch_size, "healthy": batch.healthy,
+                "resident": batch.stats.resident, "steps": steps,
+                "mean_batch": round(batch.stats.batched_tokens / steps, 3) if steps else 0.0}
 
     # -- admission ---------------------------------------------------------------------------------
     @property
@@ -94,12 +107,13 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
+        resident = self.batch.stats.resident if self.batch else 0
         with self._lock:
-            return max(0, self._admitted - self._running)
+            return max(0, self._admitted - self._running - resident)
 
     def try_admit(self) -> bool:
         """Reserve a slot (called on the event loop thread only); False: the queue is full."""
-        if self._admitted >= self.settings.workers + self.settings.queue_size:
+        if self._admitted >= self.slots + self.settings.queue_size:
             return False
         self._admitted += 1
         return True
@@ -110,7 +124,10 @@ class Engine:
     def retry_after_s(self) -> int:
         """Seconds until a slot is likely free: the waiting requests' expected service time."""
         waiting = self.queue_depth + 1
-        return max(1, math.ceil(waiting * self._service_s / self.settings.workers))
+        service = self._service_s
+        if self.batch is not None and self.batch.stats.services:
+            service = sum(self.batch.stats.services) / len(self.batch.stats.services)
+        return max(1, math.ceil(waiting * service / self.slots))
 
     # -- prompts -------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -127,7 +144,11 @@ class Engine:
                        ) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot."""
         job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid)
-        self._pool.submit(self._run, job)
+        batch = self.batch
+        if batch is not None and batch.healthy and params.seed is None:
+            batch.submit(job)
+        else:
+            self._pool.submit(self._run, job)
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 while True:
@@ -172,14 +193,14 @@ class Engine:
             generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
             if token in self.eos_ids and not params.ignore_eos:
-                _emit_text(job, stops.flush())
+                emit_text(job, stops.flush())
                 return "stop", count
             count += 1
             text, stopped = stops.feed(stream.decode(token))
-            _emit_text(job, text)
+            emit_text(job, text)
             if stopped:
                 return "stop", count
-        _emit_text(job, stops.flush())
+        emit_text(job, stops.flush())
         return "length", count
 
     def _search_params(self, job: Job) -> Any:
@@ -200,46 +221,9 @@ class Engine:
 
     def close(self) -> None:
         """Wait for running generations (graceful shutdown has already drained the requests)."""
+        if self.batch is not None:
+            self.batch.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _emit_text(job: Job, text: str) -> None:
-    if text:
-        job.emit(text)
-
-
-class StopMatcher:
-    """Holds back text that could be the start of a stop string, so a stop string is never streamed."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.pending = ""
-
-    def feed(self, piece: str) -> tuple[str, bool]:
-        """Text safe to emit now, and whether a stop string was reached."""
-        if not self.stops:
-            return piece, False
-        self.pending += piece
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out = self.pending[: min(hits)]
-            self.pending = ""
-            return out, True
-        keep = max((_overlap(self.pending, s) for s in self.stops), default=0)
-        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
 
 
 def read_chat_template(model_dir: Path) -> str:

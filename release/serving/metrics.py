@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -32,7 +33,7 @@ class Identity:
 
 class ServerMetrics:
     def __init__(self, identity: Identity, load_time_s: float, queue_depth: Callable[[], int],
-                 in_flight: Callable[[], int]) -> None:
+                 in_flight: Callable[[], int], batching: Callable[[], dict[str, Any]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("relctl_requests", "Requests answered", ["endpoint", "code"], registry=r)
@@ -54,6 +55,16 @@ class ServerMetrics:
             lambda: float(in_flight())
         )
         Gauge("relctl_model_load_seconds", "Time to load the model", registry=r).set(load_time_s)
+        if batching is not None:
+            stats = batching
+            Gauge("relctl_max_batch_size", "Requests one model step can run (1: thread pool, no batching)",
+                  registry=r).set_function(lambda: float(stats()["max_batch_size"]))
+            Gauge("relctl_batch_resident", "Requests in the batching engine now", registry=r).set_function(
+                lambda: float(stats().get("resident", 0)))
+            Gauge("relctl_batch_steps", "Batched model steps run (monotonic)", registry=r).set_function(
+                lambda: float(stats().get("steps", 0)))
+            Gauge("relctl_batch_mean_size", "Mean requests per batched model step", registry=r).set_function(
+                lambda: float(stats().get("mean_batch", 0.0)))
         info = Gauge("relctl_model_info", "The served version", ["model", "version", "serving_config"], registry=r)
         info.labels(identity.name, identity.version, identity.serving_config).set(1)
 

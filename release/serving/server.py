@@ -41,7 +41,7 @@ def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Pa
     policy = settings.request_log
     log_dir = Path(policy.directory) if policy.directory else project_dir / STATE_DIR / "request-logs"
     metrics = ServerMetrics(package.identity, engine.load_time_s, lambda: engine.queue_depth,
-                            lambda: engine.in_flight)
+                            lambda: engine.in_flight, lambda: engine.batching)
     return ServerState(engine, package.identity, metrics, RequestLog(policy, log_dir))
 
 

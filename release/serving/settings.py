@@ -30,7 +30,12 @@ class ServerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(default=2, ge=1, le=64, description="generations running at once (one generator each)")
+    workers: int = Field(default=2, ge=1, le=64, description="generations running at once on the thread-pool path "
+                         "(one generator each); with batching, the threads that serve seeded requests")
+    batching: Literal["auto", "on", "off"] = Field(
+        default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
+        "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")
+    max_batch_size: int = Field(default=8, ge=1, le=256, description="requests the batching engine runs at once")
     queue_size: int = Field(default=16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
     max_prompt_tokens: int = Field(default=1024, ge=1, description="longer prompts are refused with 400")
     max_output_tokens: int = Field(default=512, ge=1, description="max_tokens above this is refused with 400")

@@ -1,0 +1,245 @@
+"""Batched generation through onnxruntime-genai's `og.Engine`: one driver thread owns the engine, adds
+admitted requests as they arrive, steps the batch with `run()` and routes each token event to its Job.
+
+Every Engine call happens on the driver thread (the engine is not documented as thread-safe); the event
+loop only queues jobs and sets their cancel flags, which the driver checks before every step. On CPU,
+with the KV-cache layout the model builder emits, onnxruntime-genai 0.18 schedules statically: a batch
+is formed from the requests waiting when it starts and runs until each of them has finished; requests
+arriving meanwhile wait for the next batch (the paged-cache `dynamic_batching` scheduler, which admits
+into a running batch, needs a model exported with paged attention).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from release.serving.jobs import Finished, Job, StopMatcher, emit_text
+
+log = logging.getLogger("relctl.serve")
+
+
+@dataclass
+class Live:
+    """A job whose request is in the engine."""
+
+    job: Job
+    request: Any
+    turn: int
+    stream: Any
+    stops: StopMatcher
+    started: float
+    count: int = 0
+    done: bool = False
+    cancelled_for: str | None = None  # timeout or cancelled, once cancel_turn was asked for
+
+
+@dataclass
+class BatchStats:
+    steps: int = 0
+    batched_tokens: int = 0  # token events summed over steps: mean batch = batched_tokens / steps
+    resident: int = 0
+    failures: int = 0
+    services: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+
+
+class BatchEngine:
+    """og.Engine behind a thread: `submit(job)` from any thread; `close()` stops the driver."""
+
+    def __init__(self, og: Any, model: Any, tokenizer: Any, eos_ids: frozenset[int]) -> None:
+        self._og = og
+        self._tokenizer = tokenizer
+        self._eos = eos_ids
+        self._flags = og.EngineEventFlags
+        self._reasons = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
+                         og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length"}
+        self._inbox: deque[Job] = deque()
+        self._live: dict[int, Live] = {}
+        self._wake = threading.Condition()
+        self._closing = False
+        self.healthy = True
+        self.stats = BatchStats()
+        self.max_batch_size = 0
+        # og.Engine serves only the thread that created it, so the driver thread creates it.
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._own, args=(model,), name="relctl-batch", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            self._thread.join()
+            raise self._failure
+
+    def _own(self, model: Any) -> None:
+        try:
+            self.engine = self._og.Engine(model)
+            self.max_batch_size = int(self.engine.get_capabilities().configured_max_batch_size)
+            self._buffer = self.engine.create_event_buffer(max(64, 4 * self.max_batch_size))
+        except Exception as exc:
+            self._failure = exc
+            return
+        finally:
+            self._ready.set()
+        self._drive()
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            self._inbox.append(job)
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(30)
+
+    # -- the driver thread ---------------------------------------------------------------------------
+    def _drive(self) -> None:
+        while True:
+            with self._wake:
+                while not self._inbox and not self._live and not self._closing:
+                    self._wake.wait()
+                if self._closing and not self._inbox:
+                    break
+                arrived = list(self._inbox)
+                self._inbox.clear()
+            for job in arrived:
+                self._begin(job)
+            self._check_cancels()
+            if self._live and self.healthy:
+                self._step()
+        for live in list(self._live.values()):
+            self._end(live, Finished("cancelled", live.count, live.started - live.job.admitted))
+
+    def _begin(self, job: Job) -> None:
+        started = time.monotonic()
+        if not self.healthy:
+            job.emit(Finished("error", 0, started - job.admitted, "the batching engine failed earlier"))
+            return
+        if job.cancel.is_set() or started >= job.deadline:
+            job.emit(Finished("timeout", 0, started - job.admitted))
+            return
+        request: Any = None
+        try:
+            request = self.engine.create_request()
+            options = self._turn_options(request, job)
+            turn = request.begin_turn(np.asarray(job.prompt_ids, dtype=np.int32), options)
+        except Exception as exc:  # a request the engine refuses ends now, with its reason
+            log.exception("request %s: the batching engine refused it", job.rid)
+            job.emit(Finished("error", 0, started - job.admitted, f"{type(exc).__name__}: {exc}"))
+            if request is not None:
+                self._close_request(request, job)
+            return
+        live = Live(job, request, int(turn), self._tokenizer.create_stream(), StopMatcher(job.params.stop), started)
+        self._live[id(request)] = live
+        self.stats.resident = len(self._live)
+
+    def _turn_options(self, request: Any, job: Job) -> Any:
+        params = job.params
+        options = self._og.TurnOptions(request)
+        options.set_max_generated_tokens(params.max_tokens)
+        if params.ignore_eos:
+            options.set_min_generated_tokens(params.max_tokens)
+        if params.temperature > 0:
+            options.set_do_sample(True)
+            options.set_temperature(params.temperature)
+            options.set_top_p(params.top_p)
+            options.set_top_k(params.top_k)
+        else:
+            options.set_do_sample(False)
+        return options
+
+    def _check_cancels(self) -> None:
+        now = time.monotonic()
+        for live in list(self._live.values()):
+            if live.cancelled_for is None and (live.job.cancel.is_set() or now >= live.job.deadline):
+                live.cancelled_for = "timeout"
+                try:
+                    live.request.cancel_turn(live.turn)
+                except Exception:  # already finishing: its last event ends it
+                    log.debug("request %s: cancel_turn refused", live.job.rid, exc_info=True)
+
+    def _step(self) -> None:
+        if not self.engine.has_pending_requests():
+            # Nothing left to run: requests still listed have had their last event (or never will).
+            for live in list(self._live.values()):
+                self._end(live, Finished("error", live.count, live.started - live.job.admitted,
+                                         "the batching engine dropped the request"))
+                self._close(live)
+            return
+        try:
+            events = self.engine.run(self._buffer)
+        except Exception as exc:  # the engine is unusable now: every resident request ends with the error
+            log.exception("the batching engine failed; %d requests end with an error", len(self._live))
+            self.healthy = False
+            self.stats.failures += 1
+            for live in list(self._live.values()):
+                self._end(live, Finished("error", live.count, live.started - live.job.admitted,
+                                         f"{type(exc).__name__}: {exc}"))
+            return
+        self.stats.steps += 1
+        for event in events:
+            owner = self._live.get(id(event.request))
+            if owner is None:
+                continue
+            if not owner.done:
+                self._on_event(owner, event)
+            elif event.flags & (self._flags.TURN_FINISHED | self._flags.FAILED):
+                self._close(owner)  # a turn cancelled after its stop string: now it may leave
+        self.stats.resident = len(self._live)
+
+    def _on_event(self, live: Live, event: Any) -> None:
+        flags = event.flags
+        queue_s = live.started - live.job.admitted
+        if flags & self._flags.FAILED:
+            self._end(live, Finished("error", live.count, queue_s, f"engine error {event.error_code.name}"))
+            return
+        if flags & self._flags.TOKEN:
+            self.stats.batched_tokens += 1
+            token = int(event.token)
+            if token not in self._eos or live.job.params.ignore_eos:
+                live.count += 1
+                text, stopped = live.stops.feed(live.stream.decode(token))
+                emit_text(live.job, text)
+                if stopped:
+                    live.cancelled_for = "stop"
+                    self._cancel_quietly(live)
+                    self._end(live, Finished("stop", live.count, queue_s))
+                    return
+        if flags & self._flags.TURN_FINISHED:
+            emit_text(live.job, live.stops.flush())
+            reason = self._reasons.get(event.finish_reason) or live.cancelled_for or "cancelled"
+            self._end(live, Finished(reason, live.count, queue_s))
+
+    def _cancel_quietly(self, live: Live) -> None:
+        try:
+            live.request.cancel_turn(live.turn)
+        except Exception:
+            log.debug("request %s: cancel_turn refused", live.job.rid, exc_info=True)
+
+    def _end(self, live: Live, finished: Finished) -> None:
+        """Send the job its last event once; the request leaves the engine when its turn has finished."""
+        if not live.done:
+            live.done = True
+            live.job.emit(finished)
+            self.stats.services.append(time.monotonic() - live.started)
+        if finished.reason == "stop" and live.cancelled_for == "stop":
+            return  # stays until the engine reports the cancelled turn finished (see _step)
+        self._close(live)
+
+    def _close(self, live: Live) -> None:
+        self._live.pop(id(live.request), None)
+        self._close_request(live.request, live.job)
+
+    @staticmethod
+    def _close_request(request: Any, job: Job) -> None:
+        try:
+            request.close()
+        except Exception:
+            log.debug("request %s: close refused", job.rid, exc_info=True)

@@ -1,0 +1,76 @@
+"""What passes between the event loop and the generation threads: a Job (one admitted request) and
+its events (text pieces, then one Finished), plus stop-string matching, shared by both generation paths."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+from release.serving.protocol import GenerationParams
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The last event of a generation. reason: stop, length, timeout, cancelled or error (`error` says what
+    failed: a server fault, since every request parameter is checked before generation starts)."""
+
+    reason: str
+    output_tokens: int
+    queue_s: float
+    error: str | None = None
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    params: GenerationParams
+    deadline: float  # time.monotonic() value; queue wait counts against it
+    loop: asyncio.AbstractEventLoop
+    rid: str
+    events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    admitted: float = field(default_factory=time.monotonic)
+
+    def emit(self, event: str | Finished) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+def emit_text(job: Job, text: str) -> None:
+    if text:
+        job.emit(text)
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string, so a stop string is never streamed."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Text safe to emit now, and whether a stop string was reached."""
+        if not self.stops:
+            return piece, False
+        self.pending += piece
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self.pending[: min(hits)]
+            self.pending = ""
+            return out, True
+        keep = max((_overlap(self.pending, s) for s in self.stops), default=0)
+        out, self.pending = self.pending[: len(self.pending) - keep], self.pending[len(self.pending) - keep :]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `stop`."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
