@@ -79,8 +79,11 @@ def test_bench_and_router_records(tmp_path: Path) -> None:
     recs = [Record(i, scheduled_s=0.1 * i, prompt_tokens=10 + i, expected_output_tokens=4 + i, status="ok")
             for i in range(4)]
     # The router's records are loadgen records plus backend fields.
-    path.write_text("\n".join(json.dumps({**r.to_json(), "backend": "candidate" if r.index % 2 else "production",
-                                          "backend_url": "http://127.0.0.1:1"}) for r in recs))
+    lines = [json.dumps({**r.to_json(), "backend": "candidate" if r.index % 2 else "production",
+                         "backend_url": "http://127.0.0.1:1"}) for r in recs]
+    # A mirrored (shadow) copy of request 1 is not a second arrival.
+    lines.append(json.dumps({**recs[1].to_json(), "index": 9, "backend": "candidate", "mirrored": True}))
+    path.write_text("\n".join(lines))
     assert load_trace(path).format == "records"
     offsets, rows = lengths(path)
     assert offsets == pytest.approx([0.0, 0.1, 0.2, 0.3]) and rows == [(10, 4), (11, 5), (12, 6), (13, 7)]

@@ -7,7 +7,7 @@ Detected from the file's first row:
                    "prompt_tokens", "output_tokens", ...}; content may be redacted or hashed, so only
                    times and lengths are replayed
     records        JSONL of relctl bench or the canary router: {"index", "scheduled_s",
-                   "expected_output_tokens", "prompt_tokens", ...}
+                   "expected_output_tokens", "prompt_tokens", ...}; the router's mirrored copies skipped
     Azure          CSV with a header TIMESTAMP,ContextTokens,GeneratedTokens (Azure LLM inference traces)
 Rows that give only lengths get a synthetic prompt of that many common words (about one token each).
 """
@@ -60,7 +60,8 @@ def load_trace(path: Path) -> Trace:
         if name == "relctl" and "timestamp" not in rows[0]:
             raise InputError(f"{path.name}: line 1 has no numeric 'timestamp' and matches no known trace format",
                              hint=FORMATS_HINT)
-        stamped = [convert(row, f"{path.name}: line {n}") for n, row in enumerate(rows, start=1)]
+        converted = [convert(row, f"{path.name}: line {n}") for n, row in enumerate(rows, start=1)]
+        stamped = [pair for pair in converted if pair is not None]
     else:
         name, stamped = "azure", _azure(path, text)
     if len(stamped) < 2:
@@ -79,7 +80,7 @@ def scale_trace(trace: Trace, rate: float | None) -> np.ndarray:
     return trace.offsets * (trace.rate / rate)
 
 
-Converter = Callable[[dict[str, Any], str], tuple[float, dict[str, Any]]]
+Converter = Callable[[dict[str, Any], str], tuple[float, dict[str, Any]] | None]
 
 
 def _jsonl_format(first: dict[str, Any]) -> tuple[str, Converter]:
@@ -116,8 +117,10 @@ def _requestlog(row: dict[str, Any], where: str) -> tuple[float, dict[str, Any]]
                      "output_tokens": _count(row, "output_tokens", where, hint, default=None)}
 
 
-def _record(row: dict[str, Any], where: str) -> tuple[float, dict[str, Any]]:
+def _record(row: dict[str, Any], where: str) -> tuple[float, dict[str, Any]] | None:
     hint = "bench records carry index, scheduled_s, expected_output_tokens and prompt_tokens"
+    if row.get("mirrored"):
+        return None  # the router's shadow copy of a request that is in the file already
     out = _count(row, "expected_output_tokens", where, hint, default=None) or _count(
         row, "output_tokens", where, hint, default=None)
     return _number(row, "scheduled_s", where, hint), {
