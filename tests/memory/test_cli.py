@@ -94,3 +94,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, message: st
     assert code == 2 and out == ""
     assert len(lines) == 2 and lines[0].startswith("error: ") and message in lines[0]
     assert lines[1].startswith("hint: ") and hint in lines[1]
+
+
+def test_a_package_is_planned_from_its_own_initializers(tmp_path: Path, built: dict[str, Path]) -> None:
+    from release.memory.package import read_package
+
+    code, out, _ = plan(str(built["int4"]), "--memory-gib", "2", "--provider", "cpu", "--concurrency", "2",
+                        "--context", "128", "--json", project=tmp_path)
+    data = json.loads(out)
+    assert code == 0 and data["model"]["weights_source"] == "package" and data["model"]["precision"] == "int4"
+    assert data["breakdown"]["weights"] == read_package(built["int4"]).weights_bytes
+    fp32 = next(a for a in data["alternatives"] if a["precision"] == "fp32")
+    assert fp32["weights_source"] == "config"  # other precisions: the builder layout from source/config.json
