@@ -11,6 +11,8 @@ Measured per run:
   server_rate        requests the server received / span of their arrival times
   server_requests    how many it received (of rate x seconds planned)
   lag_p50/p99_ms     client send time - planned time (locust: each user's own regular grid)
+  runqueue_wait_share  of the wall time, how long the client was ready to run but got no CPU (other
+                     processes on a shared machine): when it is large, lag is the machine's, not the client's
 A rate is held when the server received every request at a rate within 2% of the target.
 Results: benchmarks/results/loadgen.json (with the load average: the machine may be shared).
 
@@ -54,16 +56,32 @@ class Client(FastHttpUser):
         self.client.post("/v1/completions", data=b'{"prompt": "hi", "max_tokens": 2, "stream": true}',
                          headers={"Content-Type": "application/json"})
 
+def waited():
+    try:
+        return int(open("/proc/self/schedstat").read().split()[1]) / 1e9
+    except OSError:
+        return 0.0
+
 @events.test_start.add_listener
 def start(environment, **kwargs):
-    CLOCK["cpu0"], CLOCK["wall0"] = time.process_time(), time.perf_counter()
+    CLOCK["cpu0"], CLOCK["wall0"], CLOCK["wait0"] = time.process_time(), time.perf_counter(), waited()
 
 @events.test_stop.add_listener
 def dump(environment, **kwargs):
     cpu, wall = time.process_time() - CLOCK["cpu0"], time.perf_counter() - CLOCK["wall0"]
     with open(os.environ["BENCH_STAMPS"], "w") as fh:
-        json.dump({"stamps": list(STAMPS.values()), "cpu_s": cpu, "wall_s": wall}, fh)
+        json.dump({"stamps": list(STAMPS.values()), "cpu_s": cpu, "wall_s": wall,
+                   "runqueue_wait_s": waited() - CLOCK["wait0"]}, fh)
 '''
+
+
+def runqueue_wait_s() -> float:
+    """Seconds this process was ready to run but waited for a CPU (Linux schedstat; 0 elsewhere):
+    on a shared machine, the part of a client's lateness that is the machine's, not the client's."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except OSError:
+        return 0.0
 
 
 def relctl_client(url: str, rate: float, seconds: float, loop: str) -> dict[str, Any]:
@@ -81,9 +99,9 @@ def relctl_client(url: str, rate: float, seconds: float, loop: str) -> dict[str,
     warm = [Sample("hi", None, 2)] * 50
     run(run_schedule(plan_arrivals("constant", 100.0, 50, 0), warm, opts))  # connections, code paths
     httpx.post(f"{url}/reset")
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, wait0 = time.process_time(), time.perf_counter(), runqueue_wait_s()
     records = run(run_schedule(plan_arrivals("constant", rate, n, 0), [Sample("hi", None, 2)] * n, opts))
-    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    cpu, wall, wait = time.process_time() - cpu0, time.perf_counter() - wall0, runqueue_wait_s() - wait0
     sent = sorted(r.sent_s for r in records)
     lags = np.asarray([r.sent_s - r.scheduled_s for r in records]) * 1000.0
     kinds: dict[str, int] = {}
@@ -91,6 +109,7 @@ def relctl_client(url: str, rate: float, seconds: float, loop: str) -> dict[str,
         if not rec.ok:
             kinds[rec.status] = kinds.get(rec.status, 0) + 1
     return {"requests": n, "errors": sum(kinds.values()), "error_kinds": kinds, "cores": cpu / wall,
+            "runqueue_wait_share": wait / wall, "loadavg": os.getloadavg()[0],
             "client_rate": (n - 1) / (sent[-1] - sent[0]),
             "lag_p50_ms": float(np.percentile(lags, 50)), "lag_p99_ms": float(np.percentile(lags, 99)),
             "ttft_p50_ms": float(np.median([r.ttft_s for r in records if r.ttft_s is not None]) * 1000.0)}
@@ -125,6 +144,7 @@ def run_locust(url: str, rate: float, seconds: float, work: Path) -> dict[str, A
     everything.sort()
     return {"requests": int(rate * seconds), "sent": len(everything), "errors": _locust_failures(work),
             "users": users, "cores": data["cpu_s"] / data["wall_s"],
+            "runqueue_wait_share": data["runqueue_wait_s"] / data["wall_s"], "loadavg": os.getloadavg()[0],
             "client_rate": (len(everything) - 1) / (everything[-1] - everything[0]),
             "lag_p50_ms": float(np.percentile(np.abs(lags), 50)), "lag_p99_ms": float(np.percentile(np.abs(lags), 99))}
 
@@ -180,7 +200,8 @@ def main() -> None:
                     rows.append(row)
                     print(f"{tool:>15} {rate:>6g} req/s: server saw {row['server_rate'] or 0:8.1f} req/s "
                           f"({row['server_requests']}/{row['requests']}), client {row['cores']:.2f} cores, "
-                          f"lag p99 {row['lag_p99_ms']:.2f} ms, held {row['held']}", flush=True)
+                          f"lag p99 {row['lag_p99_ms']:.2f} ms, waited for CPU {row['runqueue_wait_share']:.0%}, "
+                          f"held {row['held']}", flush=True)
         finally:
             server.terminate()
             server.wait(30)
