@@ -66,13 +66,13 @@ def contexts(run_id: str, secrets: dict[str, str] | None = None) -> dict[str, An
 
 
 def run_workflow(repo: Path, run_id: str, secrets: dict[str, str] | None = None,
-                 extra_env: dict[str, str] | None = None) -> JobRun:
+                 extra_env: dict[str, str] | None = None, ctx: dict[str, Any] | None = None) -> JobRun:
     shutil.rmtree(repo / "relctl-report", ignore_errors=True)
     # relctl from this virtualenv stands in for the skipped install step.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            **(extra_env or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
-    return run_job(repo / ".github/workflows/promote.yml", "promote", repo, contexts(run_id, secrets),
+    return run_job(repo / ".github/workflows/promote.yml", "promote", repo, ctx or contexts(run_id, secrets),
                    skip={INSTALL_STEP: "relctl is already installed in the test's virtualenv"}, base_env=env)
 
 
@@ -150,3 +150,16 @@ def test_unreachable_tracking_server_is_exit_4_and_the_token_is_never_printed(re
     printed = (job.summary + "".join(s.log for s in job.steps)).encode()
     printed += b"".join(p.read_bytes() for p in (path / "relctl-report").rglob("*") if p.is_file())
     assert TOKEN.encode() not in printed
+
+
+def test_repository_dispatch_takes_the_run_and_model_from_its_payload(repo: tuple[Path, str]) -> None:
+    """As `relctl webhook --github-repo` sends it: no inputs, {run_id, model, version} in client_payload."""
+    path, _ = repo
+    missing = "fedcba9876543210fedcba9876543210"
+    ctx = contexts("")
+    ctx["inputs"] = {}
+    ctx["github"]["event"] = {"client_payload": {"run_id": missing, "model": "tiny-llm", "version": "7"}}
+    job = run_workflow(path, "", ctx=ctx)
+    promote = job.step("promote")
+    assert promote.exit_code == 2, promote.log[-3000:]
+    assert missing in job.summary and "relctl exit code 2**: bad input" in job.summary

@@ -102,3 +102,19 @@ def test_ci_workflow_runs_lint_types_and_tests() -> None:
     scripts = [s.get("run", "") for s in steps(load(REPO / ".github/workflows/ci.yml"))]
     assert "make lint" in scripts and "make typecheck" in scripts
     assert any("pytest" in s for s in scripts)
+
+
+def test_concurrency_group_and_runner_resolve_per_model() -> None:
+    """Evaluated as GitHub would for both triggers: one group per model, the runner label from the input."""
+    from tests.ci.local_actions import render
+
+    wf = load(REPO / "templates/github-promote.yml")
+    group, runs_on = wf["concurrency"]["group"], wf["jobs"]["promote"]["runs-on"]
+    github = {"repository": "acme/models", "event": {}}
+    manual = {"inputs": {"run_id": "r1", "model": "tiny-llm", "runner": "gpu-a100"}, "github": github}
+    dispatch = {"inputs": {}, "github": {**github, "event": {"client_payload": {"run_id": "r2", "model": "tiny-llm"}}}}
+    unnamed = {"inputs": {"run_id": "r3", "model": "", "runner": ""}, "github": github}
+    assert render(group, manual) == render(group, dispatch) == "relctl-promote-tiny-llm"
+    assert render(group, unnamed) == "relctl-promote-acme/models"  # no model named: one group for the repo
+    assert render(runs_on, manual) == "gpu-a100"
+    assert render(runs_on, dispatch) == render(runs_on, unnamed) == "ubuntu-latest"
