@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
 from release.errors import InputError, ReleaseError
+from release.faults import pause_point
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.runner import Traffic
@@ -74,6 +75,7 @@ class LoadGate:
         try:
             with ServerProcess(str(context.package_dir), work / "server", config=server_config,
                                project_dir=work) as server:
+                pause_point("gate:load:serving")
                 client = ClientOptions(base_url=server.url, model=None, endpoint=cfg.endpoint,
                                        max_concurrency=cfg.max_concurrency, timeout_s=cfg.timeout_s)
                 report = run_bench([server.url], cfg.traffic, cfg.slos, client, work, do_sweep=cfg.sweep,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,9 +66,15 @@ class Pipeline:
     def run(self, stage: Stage[Any, ResultT]) -> Done[ResultT]:
         """Run `stage` unless a finished, intact folder with the same fingerprint exists."""
         fingerprint = stage.inputs.fingerprint()
+        if not stage.resumable:
+            # Its state lives elsewhere (the registry): a scratch folder, nothing left behind to resume.
+            with tempfile.TemporaryDirectory(prefix=f"relctl-{stage.label}-") as tmp:
+                scratch = self._execute_in(stage, Path(tmp), fingerprint)
+            self.done[stage.label] = scratch
+            return scratch
         final = self.work_dir / f"{stage.label}-{fingerprint[:12]}"
         with folder_lock(final.with_name(final.name + ".lock")):
-            done = self._resume(stage, final, fingerprint) if stage.resumable else None
+            done = self._resume(stage, final, fingerprint)
             if done is None:
                 done = self._execute(stage, final, fingerprint)
         self.done[stage.label] = done
@@ -88,9 +95,38 @@ class Pipeline:
         self.progress.done(stage.label, 0.0, stage.summary(result), skipped=True)
         return Done(stage.label, final, result, float(recorded["seconds"]), True, fingerprint)
 
+    def _execute_in(self, stage: Stage[Any, ResultT], out: Path, fingerprint: str) -> Done[ResultT]:
+        start = time.perf_counter()
+        try:
+            with self.progress.stage(stage.label):
+                result = stage.run(out)
+        except InputError:
+            raise
+        except BaseException:
+            self.progress.failed(stage.label, "failed")
+            raise
+        seconds = time.perf_counter() - start
+        self.progress.done(stage.label, seconds, stage.summary(result))
+        return Done(stage.label, out, result, seconds, False, fingerprint)
+
+    def _sweep_abandoned(self, label: str, keep: Path) -> None:
+        """Half-built folders of this stage that no live process holds (a killed run's) are removed."""
+        for partial in self.work_dir.glob(f"{label}-*.partial"):
+            if partial == keep:
+                continue
+            lock = partial.with_name(partial.name.removesuffix(".partial") + ".lock")
+            with lock.open("a") as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another promote is building it right now
+                shutil.rmtree(partial, ignore_errors=True)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def _execute(self, stage: Stage[Any, ResultT], final: Path, fingerprint: str) -> Done[ResultT]:
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
+        self._sweep_abandoned(stage.label, partial)
         partial.mkdir(parents=True)
         start = time.perf_counter()
         try:
