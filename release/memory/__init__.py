@@ -24,10 +24,23 @@ from release.memory.compat import (
     measure_memory,
 )
 from release.memory.plan import Breakdown, ModelSpec, Target, breakdown
-from release.memory.verdict import MemoryPlan, load_spec, make_plan
+from release.memory.verdict import MemoryPlan, load_spec, make_plan, spec_from_folder
 
 __all__ = [
-    "GIB", "Breakdown", "MemoryEstimate", "MemoryMeasurement", "MemoryPlan", "ModelSpec", "Target", "breakdown",
-    "estimate_memory", "folder_kv_dtype_bytes", "folder_weights_bytes", "kv_geometry", "load_spec", "make_plan",
+    "GIB",
+    "Breakdown",
+    "MemoryEstimate",
+    "MemoryMeasurement",
+    "MemoryPlan",
+    "ModelSpec",
+    "Target",
+    "breakdown",
+    "estimate_memory",
+    "folder_kv_dtype_bytes",
+    "folder_weights_bytes",
+    "kv_geometry",
+    "load_spec",
+    "make_plan",
     "measure_memory",
+    "spec_from_folder",
 ]

@@ -43,14 +43,19 @@ def read_package(path: Path) -> PackageFacts:
         raise InputError(f"{path}: the package has no config.json (looked in source/ and model/)",
                          hint="rebuild it with relctl package, which copies the checkpoint's config.json "
                               "into source/")
-    config = _read_config(config_path)
     manifest = path / "relctl-package.json"
     declared = json.loads(manifest.read_text()).get("precision") if manifest.is_file() else None
+    return read_model_folder(model_dir, _read_config(config_path), declared, root=path)
+
+
+def read_model_folder(model_dir: Path, config: dict[str, Any], precision: str | None = None,
+                      root: Path | None = None) -> PackageFacts:
+    """The facts of a converted folder whose config.json the caller already holds (e.g. before packaging)."""
     graph = _load_graph(model_dir)
-    precision = declared if declared in ("fp32", "fp16", "int8", "int4") else _graph_precision(graph)
-    return PackageFacts(root=path, model_dir=model_dir, config=config, weights_bytes=initializer_bytes(graph),
-                        precision=cast(Precision, precision), kv_dtype_bytes=_kv_bytes(graph, model_dir),
-                        provider=_provider(model_dir))
+    chosen = precision if precision in ("fp32", "fp16", "int8", "int4") else _graph_precision(graph)
+    return PackageFacts(root=root or model_dir, model_dir=model_dir, config=config,
+                        weights_bytes=initializer_bytes(graph), precision=cast(Precision, chosen),
+                        kv_dtype_bytes=_kv_bytes(graph, model_dir), provider=_provider(model_dir))
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from release.memory.package import read_config_file, read_package
+from release.memory.package import PackageFacts, read_config_file, read_model_folder, read_package
 from release.memory.plan import (
     GIB,
     VALID,
@@ -122,9 +122,19 @@ def load_spec(path: Path, precision: Precision | None, provider: Provider) -> Mo
         config = read_config_file(path)
         return ModelSpec.from_config(shape_from_config(config, path.name), precision or "fp16", provider)
     facts = read_package(path)
-    own = ModelSpec(shape_from_config(facts.config, f"{path.name}: config.json"), facts.precision,
-                    facts.weights_bytes, facts.kv_dtype_bytes, "package")
+    own = spec_from_facts(facts, f"{path.name}: config.json")
     return own if precision in (None, facts.precision) else spec_at(own, precision, provider)
+
+
+def spec_from_facts(facts: PackageFacts, source: str = "config.json") -> ModelSpec:
+    """The ModelSpec of a built model: its own initializer bytes, precision and KV dtype."""
+    return ModelSpec(shape_from_config(facts.config, source), facts.precision, facts.weights_bytes,
+                     facts.kv_dtype_bytes, "package")
+
+
+def spec_from_folder(model_dir: Path, config: dict[str, Any], precision: Precision | None = None) -> ModelSpec:
+    """The ModelSpec of a converted folder before it is packaged (promote's validate stage)."""
+    return spec_from_facts(read_model_folder(model_dir, config, precision))
 
 
 def with_target(plan: MemoryPlan, **changes: Any) -> MemoryPlan:

@@ -61,3 +61,14 @@ def test_catalogue_additions_override_and_unknown_names_get_a_suggestion() -> No
     with pytest.raises(InputError, match="unknown GPU 'A100'") as err:
         find_gpu("A100", catalogue)
     assert err.value.hint is not None and "did you mean 'A100-40GB'" in err.value.hint
+
+
+def test_a_converted_folder_is_planned_before_packaging(built: dict[str, Path]) -> None:
+    import json
+
+    from release.memory.package import read_package
+    from release.memory.verdict import spec_from_folder
+
+    facts = read_package(built["int8"])
+    spec = spec_from_folder(facts.model_dir, json.loads((built["int8"] / "source" / "config.json").read_text()))
+    assert (spec.precision, spec.weights_bytes, spec.kv_dtype_bytes) == ("int8", facts.weights_bytes, 4)
