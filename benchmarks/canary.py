@@ -11,7 +11,8 @@ relctl's router and judge, not a model:
   false alarms  an identical candidate (same delays), default steps, rules and confidence (0.98), only
                 the rate raised so 20+ runs fit; share of runs that do not pass (target < 5%).
   overhead      the bench client's same planned traffic direct to the backend and through the router (a
-                process of its own, as deployed), alternating rounds; TTFT p50 and output tokens/s.
+                process of its own, as deployed), alternating rounds; TTFT p50 and output tokens/s, and
+                from the router's records its own forwarding lag and the backend's TTFT as it saw it.
   cli default   wall time of `relctl canary --production-url --candidate-url --json` with defaults.
 
     python benchmarks/canary.py                 # about 4 minutes
@@ -122,7 +123,9 @@ def false_alarms(base: str, tmp: Path, runs: int, rate: float) -> dict[str, Any]
 
 def overhead(base: str, tmp: Path, rounds: int, requests: int, rate: float) -> dict[str, Any]:
     backend = url(base, "1", 5, 2)
-    args = ["-m", "release.serving.router", "--production", backend, "--candidate", url(base, "2", 5, 2)]
+    records = tmp / "overhead-records.jsonl"
+    args = ["-m", "release.serving.router", "--production", backend, "--candidate", url(base, "2", 5, 2),
+            "--records", str(records)]
     traffic = Traffic(rate=rate, requests=requests, output_tokens=16, warmup=5)
     with process(args, tmp, "router-overhead") as router:
         endpoints = {"direct": ClientOptions(base_url=backend, model=None),
@@ -145,6 +148,12 @@ def overhead(base: str, tmp: Path, rounds: int, requests: int, rate: float) -> d
     for key in ("ttft_p50_ms", "tpot_p50_ms", "e2el_p50_ms", "tokens_per_s"):
         out[key] = {"direct": med("direct", key), "router": med("router", key)}
     out["ttft_p50_added_ms"] = out["ttft_p50_ms"]["router"] - out["ttft_p50_ms"]["direct"]
+    # Where the added time goes, from the router's own records: its work between a request's arrival and
+    # forwarding it, and the backend's TTFT as the router saw it (the rest is the extra hop to the client).
+    seen = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
+    if seen:
+        out["router_forward_lag_p50_ms"] = statistics.median(r["lag_s"] for r in seen) * 1000
+        out["router_seen_backend_ttft_p50_ms"] = statistics.median(r["ttft_s"] for r in seen if r["ttft_s"]) * 1000
     out["tokens_per_s_change"] = out["tokens_per_s"]["router"] / out["tokens_per_s"]["direct"] - 1
     out["target"] = "< 1 ms added at p50"
     return out

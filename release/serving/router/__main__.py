@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 from pathlib import Path
 
 import uvicorn
 
+from release.serving.loadgen.client import run_async
 from release.serving.router.app import Router
 from release.serving.router.records import write_records
 
@@ -31,7 +33,10 @@ def main() -> None:
     router = Router(args.production, args.candidate, args.candidate_weight, args.shadow, args.record_text)
     server = uvicorn.Server(uvicorn.Config(router, host=args.host, port=args.port, lifespan="on",
                                            log_level="warning", access_log=False, backlog=4096))
-    asyncio.run(_serve(server, args.ready_file))
+    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with this no-op handler in place the
+    # re-raise does nothing, so the records below still get written.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    run_async(_serve(server, args.ready_file))
     if args.records is not None:
         write_records(args.records, router.records)
 

@@ -3,7 +3,6 @@ the canary runner changes weights between checks without an HTTP round trip."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from types import TracebackType
@@ -12,6 +11,7 @@ from typing import Any, Self
 import uvicorn
 
 from release.errors import StageFailed
+from release.serving.loadgen.client import run_async
 from release.serving.router.app import Router
 
 
@@ -49,7 +49,7 @@ class RouterServer:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._server.serve())
+            run_async(self._server.serve())
         except BaseException as exc:  # reported by start() in the caller's thread
             self._failure = exc
 
