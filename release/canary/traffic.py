@@ -21,7 +21,7 @@ import numpy as np
 
 from release.errors import InputError
 from release.serving.loadgen.arrivals import plan_arrivals
-from release.serving.loadgen.client import ClientOptions, request_body
+from release.serving.loadgen.client import ClientOptions, request_body, run_async
 from release.serving.loadgen.dataset import Sample, parse_row, synthetic_dataset
 from release.serving.loadgen.runner import Traffic
 
@@ -116,7 +116,7 @@ class TrafficDriver:
         self.views: list[ClientView] = []
         self.sent = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="relctl-canary-traffic",
+        self._thread = threading.Thread(target=lambda: run_async(self._run()), name="relctl-canary-traffic",
                                         daemon=True)
 
     @property
