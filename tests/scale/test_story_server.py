@@ -16,7 +16,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -201,11 +200,16 @@ import sys, time
 from pathlib import Path
 from release.registry import Registry
 from release.store import connect, resolve_store
-model, start, n, me = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+model, procs, n, me = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = resolve_store(Path("."))
 connect(store)
 registry = Registry(store)
-time.sleep(max(0.0, start - time.time()))
+registry.aliases(model)
+# A barrier: every process has imported relctl and connected before any of them moves an alias.
+Path(f"ready-{me}").touch()
+deadline = time.monotonic() + 180
+while len(list(Path(".").glob("ready-*"))) < procs and time.monotonic() < deadline:
+    time.sleep(0.01)
 def toggle(current):
     # Decided under the lock from the aliases read under it: every move changes production.
     return {"production": "2" if current.get("production") == "1" else "1", "previous": current.get("production")}
@@ -216,7 +220,11 @@ for i in range(n):
 
 def test_alias_moves_of_one_model_from_four_processes_never_interleave(
         scale_registry: ScaleRegistry, tmp_path: Path) -> None:
-    """24 moves of one model from 4 processes at once, each move reading the aliases it replaces."""
+    """24 moves of one model from 4 processes at once, each decided from the aliases read under the lease.
+
+    Without the lease the same processes interleave (a move records a 'from' that another move has
+    already replaced), which check_history reports.
+    """
     env = relctl_env(scale_registry)
     registry = Registry(resolve_store(tmp_path, {"MLFLOW_TRACKING_URI": scale_registry.tracking_uri}))
     model = f"scale-race-{secrets.token_hex(3)}"
@@ -225,8 +233,7 @@ def test_alias_moves_of_one_model_from_four_processes_never_interleave(
     for _ in range(2):
         registry.create_version(model, f"runs:/{source}/package", source, {}, "lock test version")
     registry.move_aliases(model, {"production": "1"}, "promote", "start", None)
-    start = time.time() + 8  # every process has imported relctl and connected by then
-    procs = [subprocess.Popen([sys.executable, "-c", MOVER, model, str(start), "6", f"p{i}"], cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, "-c", MOVER, model, "4", "6", f"p{i}"], cwd=tmp_path,
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(4)]
     for proc in procs:
