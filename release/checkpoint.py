@@ -25,7 +25,6 @@ DTYPE_SIZES: dict[str, int] = {
 }
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_HEADER_BYTES = 100 * 1024 * 1024
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ class ConvertConfig(Strict):
     exporter: Literal["auto", "genai", "torch"] = "auto"
     # ORT genai execution provider the model is built for.
     execution_provider: Literal["cpu", "cuda"] = "cpu"
+    fp16_overflow: Literal["refuse", "warn"] = Field(
+        "refuse", description="a weight above 65504 becomes Inf at fp16: refuse the release (exit 2) or warn")
 
 
 class ValidationConfig(Strict):

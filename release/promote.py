@@ -102,6 +102,7 @@ class Promotion:
         intake = pipe.run(IntakeStage(IntakeInputs(run_id=run_id, artifact_path=self.cfg.source.artifact_path),
                                       self.registry))
         report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
+        self._check_precision_range(intake.result)
         checkpoint, upstream = self._merge(pipe, intake)
         reference, candidate = self._convert(pipe, checkpoint, upstream)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
@@ -136,6 +137,15 @@ class Promotion:
         if registered is None or not later:
             return
         self._after_register(run, name, package, intake, report, production, registered, later)
+
+    def _check_precision_range(self, intake: IntakeResult) -> None:
+        if self.cfg.convert.precision != "fp16" or not intake.fp16_overflow:
+            return
+        names = ", ".join(intake.fp16_overflow[:3]) + (" ..." if len(intake.fp16_overflow) > 3 else "")
+        message = f"{len(intake.fp16_overflow)} tensor(s) hold values above fp16's 65504 ({names})"
+        if self.cfg.convert.fp16_overflow == "refuse":
+            raise InputError(message, hint="serve at fp32, int8 or int4, or set convert.fp16_overflow: warn")
+        self.progress.note(f"{message}; they will be Inf at fp16 (convert.fp16_overflow: warn)")
 
     def _repo_anchor(self) -> Path:
         return self.config_path.parent if self.config_path else self.project_dir

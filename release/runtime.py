@@ -102,10 +102,6 @@ class GenaiModel:
         eos = self._config["model"].get("eos_token_id", [])
         return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self._config["model"]["vocab_size"])
-
     def encode(self, text: str) -> list[int]:
         """Token ids exactly as the served model sees `text` (special tokens such as BOS included)."""
         return [int(i) for i in self._tokenizer.encode(text)]
@@ -128,13 +124,6 @@ class GenaiModel:
     def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
         """Greedy continuation of already-tokenized input (used to compare with transformers)."""
         return list(self._greedy(list(input_ids), max_new_tokens))
-
-    def stream(self, prompt: str, max_new_tokens: int) -> Iterator[tuple[int, str]]:
-        """Greedy generation yielding (token id, text chunk) as each token is produced."""
-        ids = self.encode(prompt)
-        decoder: Any = self._tokenizer.create_stream()
-        for token in self._greedy(ids, max_new_tokens):
-            yield token, str(decoder.decode(token))
 
     def _greedy(self, input_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         import onnxruntime_genai as og

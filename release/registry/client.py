@@ -47,7 +47,7 @@ def refuse_symlinks(root: Path) -> None:
     for path in [root, *root.rglob("*")]:
         if path.is_symlink():
             raise InputError(f"artifact '{path.relative_to(root.parent)}' is a symbolic link",
-                             hint="log the file itself (mlflow.log_artifact copies links' targets)")
+                             hint="log the file itself, not a link to it (a link can point anywhere on a host)")
 
 
 class Registry:
@@ -77,11 +77,27 @@ class Registry:
             raise RegistryError(f"cannot list artifacts of run '{run_id}': {exc.message}") from exc
 
     def download_run_artifact(self, run_id: str, path: str, dest: Path) -> Path:
-        local = Path(mlflow.artifacts.download_artifacts(
-            run_id=run_id, artifact_path=safe_artifact_path(path), dst_path=str(dest),
-            tracking_uri=self.store.tracking_uri))
+        relative = safe_artifact_path(path)
+        self._refuse_local_symlinks(run_id, relative)
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=relative, dst_path=str(dest), tracking_uri=self.store.tracking_uri))
+        except MlflowException as exc:
+            raise RegistryError(f"cannot download '{relative}' of run '{run_id}': {exc.message}") from exc
         refuse_symlinks(local)
         return local
+
+    def _refuse_local_symlinks(self, run_id: str, relative: str) -> None:
+        """A file-based artifact store can hold links (MLflow then fails to copy them): name the link."""
+        uri = self.get_run(run_id).info.artifact_uri
+        if not uri.startswith("file://"):
+            return
+        root = Path(uri.removeprefix("file://"))
+        target = root / relative
+        for candidate in [target, *(target.rglob("*") if target.is_dir() and not target.is_symlink() else [])]:
+            if candidate.is_symlink():
+                raise InputError(f"artifact '{candidate.relative_to(root)}' is a symbolic link",
+                                 hint="log the file itself, not a link to it (a link can point anywhere on a host)")
 
     def download_uri(self, uri: str, dest: Path) -> Path:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest),

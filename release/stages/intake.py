@@ -6,9 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from release import checkpoint as ckpt
+from pydantic import Field
+
 from release.errors import InputError
 from release.jsonfile import read_json_file
 from release.lineage import checkpoint_lineage, training_lineage
+from release.numerics import fp16_overflows, tensor_max_abs
 from release.registry import Registry
 from release.stages.base import Stage, StageInputs, StageResult
 
@@ -87,6 +90,8 @@ class IntakeResult(StageResult):
     eval_data: str | None
     summary: CheckpointSummary
     lineage: dict[str, Any]
+    # Tensors with values beyond fp16's range (they would become Inf in an fp16 build).
+    fp16_overflow: list[str] = Field(default_factory=list)
 
 
 class IntakeStage(Stage[IntakeInputs, IntakeResult]):
@@ -104,10 +109,13 @@ class IntakeStage(Stage[IntakeInputs, IntakeResult]):
         fetched = fetch_artifacts(self.registry, run.info.run_id, self.inputs.artifact_path, out)
         folder = out / str(fetched["checkpoint"])
         summary = CheckpointSummary.model_validate(check_checkpoint(folder))
+        adapter = [folder / "adapter_model.safetensors"] if summary.adapter else []
+        max_abs = tensor_max_abs([*ckpt.weight_files(folder), *adapter])  # refuses NaN/Inf, naming the tensor
         lineage = {"training": training_lineage(run),
                    "checkpoint": checkpoint_lineage(folder, ckpt.weight_files(folder))}
         return IntakeResult(checkpoint=str(fetched["checkpoint"]), prompts=fetched["prompts"],
-                            eval_data=fetched["eval_data"], summary=summary, lineage=lineage)
+                            eval_data=fetched["eval_data"], summary=summary, lineage=lineage,
+                            fp16_overflow=fp16_overflows(max_abs))
 
     def summary(self, result: IntakeResult) -> str:
         s = result.summary
