@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from release.serving.jobs import Finished, Job, StopMatcher, emit_text
+from release.serving.jobs import Finished, Job, StopMatcher, deliver
 
 log = logging.getLogger("relctl.serve")
 
@@ -60,6 +60,8 @@ class BatchEngine:
         self._reasons = {og.FinishReason.EOS: "stop", og.FinishReason.STOP_STRING: "stop",
                          og.FinishReason.MAX_GENERATED_TOKENS: "length", og.FinishReason.MAX_SESSION_TOKENS: "length"}
         self._inbox: deque[Job] = deque()
+        # Events of one driver turn, handed to the event loop in one wake-up (not one per token).
+        self._outbox: list[tuple[Job, str | Finished]] = []
         self._live: dict[int, Live] = {}
         self._wake = threading.Condition()
         self._closing = False
@@ -114,16 +116,33 @@ class BatchEngine:
             self._check_cancels()
             if self._live and self.healthy:
                 self._step()
+            self._flush()
         for live in list(self._live.values()):
             self._end(live, Finished("cancelled", live.count, live.started - live.job.admitted))
+        self._flush()
+
+    def _send(self, job: Job, event: str | Finished) -> None:
+        self._outbox.append((job, event))
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        loops = {id(job.loop): job.loop for job, _ in batch}
+        for loop in loops.values():
+            mine = [item for item in batch if item[0].loop is loop]
+            try:
+                loop.call_soon_threadsafe(deliver, mine)
+            except RuntimeError:  # that loop is closed: its requests are gone
+                log.debug("event loop closed; %d events dropped", len(mine))
 
     def _begin(self, job: Job) -> None:
         started = time.monotonic()
         if not self.healthy:
-            job.emit(Finished("error", 0, started - job.admitted, "the batching engine failed earlier"))
+            self._send(job, Finished("error", 0, started - job.admitted, "the batching engine failed earlier"))
             return
         if job.cancel.is_set() or started >= job.deadline:
-            job.emit(Finished("timeout", 0, started - job.admitted))
+            self._send(job, Finished("timeout", 0, started - job.admitted))
             return
         request: Any = None
         try:
@@ -132,7 +151,7 @@ class BatchEngine:
             turn = request.begin_turn(np.asarray(job.prompt_ids, dtype=np.int32), options)
         except Exception as exc:  # a request the engine refuses ends now, with its reason
             log.exception("request %s: the batching engine refused it", job.rid)
-            job.emit(Finished("error", 0, started - job.admitted, f"{type(exc).__name__}: {exc}"))
+            self._send(job, Finished("error", 0, started - job.admitted, f"{type(exc).__name__}: {exc}"))
             if request is not None:
                 self._close_request(request, job)
             return
@@ -206,14 +225,17 @@ class BatchEngine:
             if token not in self._eos or live.job.params.ignore_eos:
                 live.count += 1
                 text, stopped = live.stops.feed(live.stream.decode(token))
-                emit_text(live.job, text)
+                if text:
+                    self._send(live.job, text)
                 if stopped:
                     live.cancelled_for = "stop"
                     self._cancel_quietly(live)
                     self._end(live, Finished("stop", live.count, queue_s))
                     return
         if flags & self._flags.TURN_FINISHED:
-            emit_text(live.job, live.stops.flush())
+            rest = live.stops.flush()
+            if rest:
+                self._send(live.job, rest)
             reason = self._reasons.get(event.finish_reason) or live.cancelled_for or "cancelled"
             self._end(live, Finished(reason, live.count, queue_s))
 
@@ -227,7 +249,7 @@ class BatchEngine:
         """Send the job its last event once; the request leaves the engine when its turn has finished."""
         if not live.done:
             live.done = True
-            live.job.emit(finished)
+            self._send(live.job, finished)
             self.stats.services.append(time.monotonic() - live.started)
         if finished.reason == "stop" and live.cancelled_for == "stop":
             return  # stays until the engine reports the cancelled turn finished (see _step)

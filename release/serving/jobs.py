@@ -37,6 +37,12 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
 
+def deliver(events: list[tuple[Job, str | Finished]]) -> None:
+    """On the event loop: hand a batch of events to their jobs, in order (one wake-up for many tokens)."""
+    for job, event in events:
+        job.events.put_nowait(event)
+
+
 def emit_text(job: Job, text: str) -> None:
     if text:
         job.emit(text)

@@ -14,7 +14,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from release.serving.engine import Finished
-from release.serving.protocol import GenerationParams, RequestProblem, chunk_body, completion_body, sse, usage
+from release.serving.protocol import (
+    ChunkFormat,
+    GenerationParams,
+    RequestProblem,
+    chunk_body,
+    completion_body,
+    sse,
+    usage,
+)
 
 if TYPE_CHECKING:
     from release.serving.app import ServerState
@@ -37,11 +45,12 @@ class RunStream(StreamingResponse):
     """The SSE response of one run. However the response ends (finished, client gone before or during
     the stream, shutdown) the generation is stopped and the admission slot is given back exactly once."""
 
-    def __init__(self, run: Run, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> None:
+    def __init__(self, run: Run, first: str | Finished, events: AsyncGenerator[str | Finished, None],
+                 headers: dict[str, str] | None = None) -> None:
         self.run = run
         self.events = events
         super().__init__(run.stream(first, events), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+                         headers={"Cache-Control": "no-cache", **(headers or {})})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -74,12 +83,13 @@ class Run:
             async with aclosing(events) as rest:
                 event: str | Finished = first
                 is_first = True
+                chunks = ChunkFormat(self.rid, model, chat)
                 while True:
                     if isinstance(event, Finished):
                         finished = event
                         break
                     self.note(event)
-                    yield sse(chunk_body(self.rid, model, event, None, chat, is_first))
+                    yield sse(chunk_body(self.rid, model, event, None, chat, True)) if is_first else chunks.text(event)
                     is_first = False
                     event = await anext(rest)
             yield from_finish(self, finished, is_first)
