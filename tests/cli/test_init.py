@@ -207,5 +207,8 @@ def test_init_works_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> Non
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.startswith(str(target)), "the wheel's relctl must be the one that ran"
-    assert (project / "release.yaml").read_text() == release_yaml_text()
+    # Loads as the defaults (not compared byte for byte: the wheel is the sources as of the fixture, and
+    # the schema may move on in a shared checkout while the tests run).
+    assert load_config(project / "release.yaml") == ReleaseConfig()
     assert (project / "deploy/Dockerfile").read_text() == (REPO / "templates/Dockerfile").read_text()
+    assert (project / ".github/workflows/promote.yml").is_file()
