@@ -45,6 +45,18 @@ def promote(
     return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path)
 
 
+def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
+    """The run contract for `run_id` under this project's release.yaml (release.contract)."""
+    from release.contract import check_run
+    from release.gating.plugins import load_gates
+
+    if config_path is None and (project_dir / CONFIG_FILE).is_file():
+        config_path = project_dir / CONFIG_FILE
+    cfg = load_config(config_path)
+    gates = load_gates(cfg.gates)
+    return check_run(open_registry(project_dir), run_id, cfg, gates, config_path.parent if config_path else project_dir)
+
+
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
              progress: Progress | None = None) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.

@@ -59,6 +59,33 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
 
 
 @cli.command()
+@click.argument("run_id")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+@json_option
+@click.pass_obj
+@handled
+def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> None:
+    """Check RUN_ID against the run contract and release.yaml in seconds: every problem at once (exit 2)."""
+    from release import api
+    from release.errors import InputProblems
+
+    ctx.as_json = as_json
+    report = api.check(run_id, ctx.project_dir, config_path)
+    data = {"run_id": run_id, "ok": not report.problems, "found": report.found, "warnings": report.warnings,
+            "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
+    if as_json:
+        emit(data, True, lambda: None)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    if report.problems:
+        raise InputProblems([(p.message, p.hint) for p in report.problems])
+    if not as_json:
+        click.echo(f"run {run_id} meets the run contract: checkpoint, prompts"
+                   + (", eval set" if report.found.get("eval_data") else "") + " found; release.yaml checks out")
+
+
+@cli.command()
 @click.argument("model")
 @click.option("--to", "to_version", help="Version to return to (default: the 'previous' alias).")
 @click.option("--reason", default="manual rollback", show_default=True, help="Recorded in the alias history.")

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from release.config import ReleaseConfig
+from release.contract import check_run
 from release.errors import Blocked, InputError, InputProblems, ReleaseError
 from release.failure import classify
 from release.faults import pause_point
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, preflight
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
@@ -64,9 +65,11 @@ class Promotion:
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        problems = [p for gate in gates for p in preflight(gate, self._repo_anchor())]
-        if problems:
-            raise InputProblems([(p.message, p.hint) for p in problems])
+        contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
+        if contract.problems:  # all of them at once, in seconds, before any slow stage
+            raise InputProblems([(p.message, p.hint) for p in contract.problems])
+        for warning in contract.warnings:
+            self.progress.note(warning)
         training = self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
@@ -150,6 +153,11 @@ class Promotion:
     def _repo_anchor(self) -> Path:
         return self.config_path.parent if self.config_path else self.project_dir
 
+    def _resolve(self, value: str) -> Path:
+        """A path from release.yaml: relative to release.yaml's folder, never the process's cwd."""
+        path = Path(value)
+        return path if path.is_absolute() else self._repo_anchor() / path
+
     def _merge(self, pipe: Pipeline, intake: Done[IntakeResult]) -> tuple[Path, str]:
         checkpoint = intake.path(intake.result.checkpoint)
         if intake.result.summary.adapter is None or not self.cfg.merge.enabled:
@@ -174,7 +182,7 @@ class Promotion:
     def _validate(self, pipe: Pipeline, intake: Done[IntakeResult], reference: Done[ConvertOutputs],
                   candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[ValidateResult]:
         vcfg = self.cfg.validation
-        prompts = Path(vcfg.prompts) if vcfg.prompts else (
+        prompts = self._resolve(vcfg.prompts) if vcfg.prompts else (
             intake.path(intake.result.prompts) if intake.result.prompts else None)
         if prompts is None:
             raise InputError(f"run '{intake.result.lineage['training']['run_id']}' has no validation prompts",

@@ -18,13 +18,16 @@ from release.store import connect, ensure_experiment, resolve_store
 pytestmark = pytest.mark.slow
 
 
-def log_checkpoint_run(project: Path, checkpoint: Path) -> str:
-    """A training run that logged `checkpoint` the way the example does (artifact path checkpoint/)."""
+def log_checkpoint_run(project: Path, checkpoint: Path, prompts: bool = True) -> str:
+    """A training run that logged `checkpoint` the way the example does (artifact path checkpoint/), and
+    validation prompts unless `prompts` is False, so each case breaks exactly one thing."""
     store = resolve_store(project)
     connect(store)
     with mlflow.start_run(experiment_id=ensure_experiment(store, "bad-input")) as run:
         if checkpoint.exists():
             mlflow.log_artifacts(str(checkpoint), "checkpoint")
+        if prompts:
+            mlflow.log_text('{"prompt": "reverse a b c d ->"}\n', "validation/prompts.jsonl")
     return str(run.info.run_id)
 
 
@@ -98,3 +101,30 @@ def test_unknown_release_yaml_key(project_dir: Path) -> None:
     result = promote(project_dir, "0123456789abcdef0123456789abcdef")
     assert_refused(result, project_dir, "unknown key 'validation.min_top1_agreemnt'")
     assert "did you mean 'validation.min_top1_agreement'?" in result.stderr
+
+
+def test_a_run_with_only_a_checkpoint_lists_every_missing_piece_at_once(project_dir: Path, tiny_checkpoint: Path,
+                                                                       tmp_path: Path) -> None:
+    import time
+
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(tiny_checkpoint, folder)
+    (folder / "tokenizer.json").unlink()
+    run_id = log_checkpoint_run(project_dir, folder, prompts=False)
+    (project_dir / "release.yaml").write_text("gates:\n  eval: {}\n")
+    started = time.monotonic()
+    result = promote(project_dir, run_id)
+    assert time.monotonic() - started < 5 + 10  # 5 s on an idle machine; the suite's neighbours get slack
+    assert result.exit_code == 2, result.output + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    hints = [line for line in result.stderr.splitlines() if line.startswith("hint: ")]
+    assert len(errors) == 3 == len(hints), result.stderr
+    assert any("tokenizer.json is missing" in e for e in errors)
+    assert any("no validation prompts" in e for e in errors)
+    assert any("needs an eval set" in e for e in errors)
+    assert not (project_dir / ".relctl" / "work").exists()  # no stage started
+    check = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "check", run_id])
+    assert check.exit_code == 2
+    assert [line for line in check.stderr.splitlines() if line.startswith(("error: ", "hint: "))] == [
+        line for line in result.stderr.splitlines() if line.startswith(("error: ", "hint: "))]
+    assert Registry(resolve_store(project_dir)).list_models() == []
