@@ -100,8 +100,13 @@ class Registry:
                                  hint="log the file itself, not a link to it (a link can point anywhere on a host)")
 
     def download_uri(self, uri: str, dest: Path) -> Path:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest),
-                                                         tracking_uri=self.store.tracking_uri))
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest),
+                                                             tracking_uri=self.store.tracking_uri))
+        except MlflowException as exc:  # e.g. a tracking server whose object store is down answers 500
+            raise RegistryError(f"cannot download '{uri}' through {self.store.display_uri}: {exc.message}",
+                                hint="check that the artifact store behind the tracking server is up, "
+                                     "then run the command again") from exc
         refuse_symlinks(local)
         return local
 
