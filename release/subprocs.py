@@ -26,7 +26,8 @@ PARENT_PIPE_ENV = "RELCTL_PARENT_PIPE"
 PR_SET_PDEATHSIG = 1
 
 # Write ends of the parent-watch pipes, by child pid: closing one tells that child its parent is gone.
-_watch_pipes: dict[int, int] = {}
+# Pipes of children already waited for are closed at the next start_child (or by stop_child).
+_watch_pipes: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
 _lock = threading.Lock()
 
 FileArg = int | IO[Any] | None
@@ -35,7 +36,11 @@ FileArg = int | IO[Any] | None
 def start_child(cmd: Sequence[str], *, stdout: FileArg = None, stderr: FileArg = None,
                 stdin: FileArg = subprocess.DEVNULL, env: Mapping[str, str] | None = None,
                 cwd: str | os.PathLike[str] | None = None) -> subprocess.Popen[bytes]:
-    """Start `cmd` as a child that is terminated (SIGTERM) when this process dies, even by SIGKILL."""
+    """Start `cmd` as a child that is terminated (SIGTERM) when this process dies, even by SIGKILL.
+
+    Wait for it with the returned Popen as usual; `stop_child` ends it (and its process group) early.
+    """
+    _close_finished()
     read_end, write_end = os.pipe()
     child_env = {**(os.environ if env is None else env), PARENT_PIPE_ENV: str(read_end)}
     parent_pid = os.getpid()
@@ -53,7 +58,7 @@ def start_child(cmd: Sequence[str], *, stdout: FileArg = None, stderr: FileArg =
     finally:
         os.close(read_end)
     with _lock:
-        _watch_pipes[proc.pid] = write_end
+        _watch_pipes[proc.pid] = (proc, write_end)
     return proc
 
 
@@ -101,9 +106,16 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 def _close_watch(pid: int) -> None:
     with _lock:
-        fd = _watch_pipes.pop(pid, None)
-    if fd is not None:
-        os.close(fd)
+        entry = _watch_pipes.pop(pid, None)
+    if entry is not None:
+        os.close(entry[1])
+
+
+def _close_finished() -> None:
+    with _lock:
+        done = [pid for pid, (proc, _) in _watch_pipes.items() if proc.returncode is not None]
+    for pid in done:
+        _close_watch(pid)
 
 
 def watch_parent(on_parent_gone: Callable[[], None] | None = None) -> bool:

@@ -59,6 +59,9 @@ class Engine:
         config = og.Config(str(model_dir))
         if settings.batching != "off":
             config.overlay(json.dumps({"engine": {"static_batching": {"max_batch_size": settings.max_batch_size}}}))
+        if settings.intra_op_threads is not None:
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+                "intra_op_num_threads": settings.intra_op_threads}}}}))
         self.model = og.Model(config)
         # Like training: onnxruntime-genai leaves out BOS unless special tokens are switched on.
         self.tokenizer = open_tokenizer(self.model)

@@ -36,6 +36,9 @@ class ServerSettings(BaseModel):
         default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
         "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")
     max_batch_size: int = Field(default=8, ge=1, le=256, description="requests the batching engine runs at once")
+    intra_op_threads: int | None = Field(
+        default=None, ge=1, le=256, description="ONNX Runtime threads per model step; default: ONNX Runtime's "
+        "(one per core, spinning between steps, which starves the server's own threads on a small machine)")
     queue_size: int = Field(default=16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
     max_prompt_tokens: int = Field(default=1024, ge=1, description="longer prompts are refused with 400")
     max_output_tokens: int = Field(default=512, ge=1, description="max_tokens above this is refused with 400")

@@ -94,3 +94,14 @@ def test_stop_child_ends_the_whole_process_group(tmp_path: Path) -> None:
     while alive(grandchild):
         assert time.monotonic() < deadline, "grandchild survived"
         time.sleep(0.05)
+
+
+def test_finished_children_leave_no_open_pipe_behind() -> None:
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    start_child([sys.executable, "-c", "pass"]).wait()
+    before = open_fds()
+    for _ in range(5):
+        assert start_child([sys.executable, "-c", "pass"]).wait() == 0
+    assert open_fds() <= before  # each start closes the watch pipes of children already waited for
