@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from release import links
 from release.config import CONFIG_FILE, load_config
 from release.errors import InputError, RegistryError
 from release.progress import Progress
@@ -124,7 +125,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     registry.require_model(model)
     registry.reap_dead_runs(model)
     registry.repair(model)
-    out: dict[str, Any] = {"model": model, "aliases": {}}
+    out: dict[str, Any] = {"schema_version": 2, "model": model, "aliases": {}}
     for alias, version in sorted(registry.aliases(model).items()):
         try:
             mv = registry.get_version(model, version)
@@ -140,6 +141,16 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH),
             "data": {k: v for k, v in tags.items() if k.startswith(T.DATA_PREFIX)},
             "gates": T.gate_statuses(tags),
-            "validation": T.with_prefix(tags, T.VALIDATION_PREFIX),
+            "validation": {k: _number(v) for k, v in T.with_prefix(tags, T.VALIDATION_PREFIX).items()},
+            "model_uri": links.model_uri(model, version),
+            "link": links.version_link(registry.store.tracking_uri, model, version),
         }
     return out
+
+
+def _number(text: str) -> float | str:
+    """Tags are strings in MLflow; numbers go out as numbers."""
+    try:
+        return float(text)
+    except ValueError:
+        return text

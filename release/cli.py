@@ -10,12 +10,57 @@ from typing import Any
 import click
 
 from release import __version__
-from release.cli_support import Ctx, emit, handled, json_option
+from release.cli_support import Ctx, emit, fail, handled, json_option
+from release.errors import InputError
 from release.failure import raise_on_sigterm
 from release.progress import Progress
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+GLOBAL_FLAGS = ("-q", "--quiet", "--traceback")
+GLOBAL_WITH_VALUE = ("--project-dir",)
+# Commands that make the project folder, so a --project-dir that does not exist yet is what they expect.
+CREATES_PROJECT = ("init",)
+
+
+def _option_names(command: click.Command) -> set[str]:
+    names = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            names |= _option_names(sub)
+    return names
+
+
+def hoist_global_options(group: click.Group, args: list[str]) -> list[str]:
+    """`relctl status -q --project-dir X` means `relctl -q --project-dir X status`: global options may
+    follow the subcommand, unless that subcommand has an option of the same name (serve's --project-dir)."""
+    position = next((i for i, a in enumerate(args) if a in group.commands), None)
+    if position is None:
+        return args
+    own = _option_names(group.commands[args[position]])
+    head, tail, moved = args[:position], [], []
+    rest = iter(args[position:])
+    for arg in rest:
+        if arg == "--":
+            tail += [arg, *rest]
+            break
+        name = arg.split("=", 1)[0]
+        if name in own:
+            tail.append(arg)
+        elif arg in GLOBAL_FLAGS:
+            moved.append(arg)
+        elif name in GLOBAL_WITH_VALUE:
+            moved += [arg] if "=" in arg else [arg, next(rest, "")]
+        else:
+            tail.append(arg)
+    return head + moved + tail
+
+
+class RelctlGroup(click.Group):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_global_options(self, args))
+
+
+@click.group(cls=RelctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relctl")
 @click.option("--project-dir", type=click.Path(file_okay=False, path_type=Path), default=".",
               show_default=True, help="Folder holding release.yaml and the embedded MLflow store (.relctl/).")
@@ -25,6 +70,10 @@ from release.progress import Progress
 def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet: bool) -> None:
     """Turn an MLflow training run into a gated, rollback-able ONNX serving version."""
     click_ctx.obj = Ctx(project_dir.resolve(), show_traceback, quiet)
+    if not project_dir.is_dir() and click_ctx.invoked_subcommand not in CREATES_PROJECT:
+        # A typo here would otherwise create an empty store and report "run not found".
+        fail(click_ctx.obj, InputError(f"--project-dir {project_dir}: no such folder",
+                                       hint="check the path (relctl init DIR creates a new project)"))
 
 
 @cli.command()
@@ -137,8 +186,9 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
             return
         for alias, info in data["aliases"].items():
             gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
-            click.echo(f"{model}@{alias}: v{info['version']} {info['precision']} from run {info['training_run']} "
-                       f"(commit {str(info['git_commit'])[:10]}; gates: {gates})")
+            commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
+            click.echo(f"{model}@{alias}: v{info['version']} {info['precision'] or 'unknown precision'} from run "
+                       f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)
 

@@ -1,28 +1,57 @@
-"""One readable line per stage: a spinner on a terminal, plain lines in CI logs, nothing with --quiet."""
+"""One readable line per stage: a live spinner with elapsed time on a terminal, a heartbeat line every
+`heartbeat_s` in CI logs (so a long stage never looks hung), nothing with --quiet."""
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
 from rich.console import Console
 
+HEARTBEAT_S = 10.0
+
 
 class Progress:
-    def __init__(self, quiet: bool = False, stream: TextIO | None = None) -> None:
+    def __init__(self, quiet: bool = False, stream: TextIO | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.quiet = quiet
+        self.heartbeat_s = heartbeat_s
         # stderr, so `--json` output on stdout stays machine-readable.
         self.console = Console(file=stream or sys.stderr, highlight=False, soft_wrap=True)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        if self.quiet or not self.console.is_terminal:
+        if self.quiet:
             yield
             return
-        with self.console.status(f"[bold]{name}[/bold] …"):
+        started = time.monotonic()
+        stop = threading.Event()
+        if self.console.is_terminal:
+            with self.console.status(f"[bold]{name}[/bold] …") as status:
+                ticker = threading.Thread(target=self._tick, args=(status, name, started, stop), daemon=True)
+                ticker.start()
+                try:
+                    yield
+                finally:
+                    stop.set()
+            return
+        beat = threading.Thread(target=self._heartbeat, args=(name, started, stop), daemon=True)
+        beat.start()
+        try:
             yield
+        finally:
+            stop.set()
+
+    def _tick(self, status: object, name: str, started: float, stop: threading.Event) -> None:
+        while not stop.wait(0.5):
+            status.update(f"[bold]{name}[/bold] … {time.monotonic() - started:.0f}s")  # type: ignore[attr-defined]
+
+    def _heartbeat(self, name: str, started: float, stop: threading.Event) -> None:
+        while not stop.wait(self.heartbeat_s):
+            self.console.print(f"… {name:<12} still running, {time.monotonic() - started:.0f}s")
 
     def done(self, name: str, seconds: float, summary: str, skipped: bool = False) -> None:
         if self.quiet:

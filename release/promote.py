@@ -18,7 +18,7 @@ from typing import Any
 
 from release.config import ReleaseConfig
 from release.contract import check_run
-from release.errors import Blocked, InputError, InputProblems, ReleaseError
+from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
 from release.failure import classify
 from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
@@ -26,6 +26,7 @@ from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
 from release.hashing import sha256_file
+from release import links
 from release.lineage import repo_state
 from release.pipeline import Done, Pipeline, work_dir_for
 from release.progress import Progress
@@ -65,6 +66,10 @@ class Promotion:
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
+        missing = [g for g in self.cfg.require if g not in self.cfg.gates]
+        if missing:
+            raise ConfigError(f"release.yaml: require lists {', '.join(missing)}, which gates: does not configure",
+                              hint=f"add a gates.{missing[0]} block, or remove it from require")
         contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
         if contract.problems:  # all of them at once, in seconds, before any slow stage
             raise InputProblems([(p.message, p.hint) for p in contract.problems])
@@ -92,6 +97,7 @@ class Promotion:
                     report.failures.append(failure.message)
                 raise
             finally:
+                self._add_links(report)
                 self._log_report(run, report)
                 if summary_path is not None:
                     with summary_path.open("a") as fh:
@@ -130,6 +136,12 @@ class Promotion:
         package = self._package(pipe, name, report, candidate, checkpoint, validation)
         production = production_ref(self.registry, name, pipe.work_dir / "production")
         self._gates("before_register", gates, name, package, intake, report, production, None)
+        self._check_required(report)
+        if not gates:
+            note = "released without gates: no gate is configured in release.yaml (gates:), so no evidence " \
+                   "beyond validation was checked"
+            report.notes.append(note)
+            self.progress.note(note)
         if dry_run:
             report.outcome = "dry-run"
             return
@@ -232,6 +244,14 @@ class Promotion:
                           hint="see the release report for the evidence")
         return results
 
+    def _check_required(self, report: ReleaseReport) -> None:
+        statuses = {g["gate"]: g["status"] for g in report.gates}
+        skipped = [g for g in self.cfg.require if statuses.get(g) == "skipped"]
+        if skipped:
+            reason = f"required gate '{skipped[0]}' was skipped: {next(g['reason'] for g in report.gates if g['gate'] == skipped[0])}"
+            report.block([reason])
+            raise Blocked(reason, hint="a gate listed in require must run and pass")
+
     def _stop_check(self, name: str, production: ProductionRef | None, version: str | None) -> Any:
         if version is None:
             return None
@@ -268,6 +288,15 @@ class Promotion:
             self.progress.note(note)
         report.version, report.outcome = result.version, result.outcome
         if result.outcome == "unchanged":
+            if report.gates:  # new evidence for what already serves: recorded, never dropped
+                self.registry.set_version_tags(name, result.version, {k: str(v) if not isinstance(v, str) else v
+                                                                      for k, v in self._version_tags(report).items()})
+                self.registry.set_description(name, result.version, self.card(report))
+                self.registry.record_event(name, "re-gated", f"gates re-run on v{result.version}: " + ", ".join(
+                    f"{g['gate']} {g['status']}" for g in report.gates), run.run_id)
+                report.outcome = "re-gated"
+                self.progress.note(f"{name} v{result.version} already serves this package; "
+                                   "the new gate results are recorded on it (history: re-gated)")
             return None
         report.aliases = result.aliases
         self.registry.set_description(name, result.version, self.card(report))
@@ -302,6 +331,20 @@ class Promotion:
         report.aliases, report.outcome = (move.changes if move else {}), "released"
         self.registry.set_version_tags(name, version, {T.gate_status(r.gate): r.status for r in results})
         self.registry.set_description(name, version, self.card(report))
+
+    def _add_links(self, report: ReleaseReport) -> None:
+        uri = self.registry.store.tracking_uri
+        if report.release_run:
+            report.links["release run"] = links.run_link(uri, self.registry.releases_experiment(), report.release_run)
+        training = report.lineage.get("training", {})
+        if training.get("experiment_id"):
+            report.links["training run"] = links.run_link(uri, training["experiment_id"], report.training_run)
+        if report.version:
+            report.model_uri = links.model_uri(report.model, report.version)
+            report.links["version"] = links.version_link(uri, report.model, report.version)
+        replaced = (report.aliases.get("previous") or [None, None])[1]
+        if replaced:
+            report.links["version it replaced"] = links.version_link(uri, report.model, replaced)
 
     def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
         if self.pipeline is not None:

@@ -25,6 +25,10 @@ class ReleaseReport:
     lineage: dict[str, Any] = field(default_factory=dict)
     package: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = 2
+    model_uri: str | None = None                  # models:/NAME/VERSION once a version exists
+    links: dict[str, str] = field(default_factory=dict)   # MLflow UI: version, release run, training run
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -38,6 +42,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return "—" if value is None else str(value)
+
+
+def _commit(commit: Any, dirty: Any) -> str:
+    if not commit:
+        return "not recorded (not a git repository)"
+    state = {"true": "uncommitted changes", "false": "clean", True: "uncommitted changes", False: "clean"}
+    return f"`{commit}` ({state.get(dirty, 'state unknown')})"
 
 
 def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
@@ -55,12 +66,12 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         "| what | value |",
         "|---|---|",
         f"| training run | `{training.get('run_id')}` ({training.get('run_name')}) |",
-        f"| training commit | `{training.get('git_commit')}` (dirty: {training.get('git_dirty')}) |",
+        f"| training commit | {_commit(training.get('git_commit'), training.get('git_dirty'))} |",
         *[f"| data `{name}` sha256 | `{digest}` |" for name, digest in training.get("data_sha256", {}).items()],
         f"| config.json sha256 | `{ckpt.get('config_sha256')}` |",
         *[f"| weights `{name}` sha256 | `{digest}` |" for name, digest in ckpt.get("weights_sha256", {}).items()],
         *[f"| adapter `{name}` sha256 | `{digest}` |" for name, digest in ckpt.get("adapter_sha256", {}).items()],
-        f"| release.yaml repo commit | `{repo.get('commit')}` (dirty: {repo.get('dirty')}) |",
+        f"| release.yaml repo commit | {_commit(repo.get('commit'), repo.get('dirty'))} |",
         f"| package manifest sha256 | `{report.package.get('manifest_sha256')}` |",
         f"| serving config hash | `{report.package.get('serving_config_hash')}` |",
         "",
@@ -81,6 +92,10 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         lines += [section, ""]
     if report.failures:
         lines += ["## Why it was blocked", *(f"- {f}" for f in report.failures), ""]
+    if report.notes:
+        lines += ["## Notes", *(f"- {n}" for n in report.notes), ""]
+    if report.links:
+        lines += ["## Links", *(f"- [{label}]({url})" for label, url in report.links.items()), ""]
     return "\n".join(lines)
 
 
@@ -90,9 +105,13 @@ def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
         "released": f"✅ **{report.model} v{report.version}** is production",
         "blocked": f"❌ **{report.model}**: release blocked — nothing registered, production unchanged",
         "dry-run": f"🧪 **{report.model}**: dry run passed — nothing registered",
+        "unchanged": f"ℹ️ **{report.model} v{report.version}** already serves this package — nothing moved",
+        "re-gated": f"ℹ️ **{report.model} v{report.version}** already serves this package — the new gate "
+                    "results are recorded on it",
     }.get(report.outcome, f"⚠️ **{report.model}**: {report.outcome}")
     lines = [f"## relctl promote `{report.training_run}`", "", headline, ""]
     lines += [f"- {failure}" for failure in report.failures]
+    lines += [f"- ⚠️ {note}" for note in report.notes]
     if report.validation:
         lines += ["", f"### Validation ({report.precision} vs fp32 reference)", "",
                   "| metric | value | bound | result |", "|---|---|---|---|"]

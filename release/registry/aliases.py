@@ -111,6 +111,14 @@ def apply_move(
     return done
 
 
+def record_event(client: MlflowClient, name: str, action: str, reason: str, release_run: str | None) -> AliasMove:
+    """A history entry that moved no alias (e.g. `re-gated`: new evidence recorded on the serving version)."""
+    at = datetime.now(UTC).isoformat(timespec="milliseconds")
+    move = AliasMove(at=at, action=action, changes={}, reason=reason, release_run=release_run, key=_new_key(at))
+    _write(client, name, move)
+    return move
+
+
 def repair_pending(client: MlflowClient, name: str, aliases: Callable[[], dict[str, str]]) -> list[str]:
     """Finish or abandon the pending moves a dead process left; one line per repair, for the user."""
     notes = []

@@ -211,6 +211,10 @@ class Registry:
         move, _ = self.locked_move(name, lambda _current: dict(changes), action, reason, release_run)
         return move
 
+    def record_event(self, name: str, action: str, reason: str, release_run: str | None) -> al.AliasMove:
+        with self.lock(name, action):
+            return al.record_event(self.client, name, action, reason, release_run)
+
     def repair(self, name: str) -> list[str]:
         """Repair what a dead process left half-done on `name`'s aliases (one note per repair)."""
         if not self.model_exists(name):

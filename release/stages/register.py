@@ -88,7 +88,7 @@ def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[
         **{f"{T.DATA_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in training.get("data_sha256", {}).items()},
         **{f"{T.WEIGHTS_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("weights_sha256", {}).items()},
         **{f"{T.ADAPTER_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("adapter_sha256", {}).items()},
-        **{f"{T.EXPORTER_PREFIX}{k}": v for k, v in package.data.get("exporter", {}).items()},
+        **_exporter_tags(package.data.get("exporter")),
         **extra,
     }
     out = {}
@@ -98,6 +98,13 @@ def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[
         text = value if isinstance(value, str) else json.dumps(value)
         out[key] = text[:MLFLOW_TAG_MAX]
     return out
+
+
+def _exporter_tags(exporter: Any) -> dict[str, Any]:
+    # promote records {exporter, versions}; a hand-built package may name the exporter as a plain string.
+    if isinstance(exporter, dict):
+        return {f"{T.EXPORTER_PREFIX}{k}": v for k, v in exporter.items()}
+    return {f"{T.EXPORTER_PREFIX}exporter": exporter} if exporter else {}
 
 
 def unfinished_version(registry: Registry, name: str, content: str) -> str | None:
