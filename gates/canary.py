@@ -52,6 +52,7 @@ class CanaryGate:
 
 def gate_result(gate_id: str, result: CanaryResult, work: Path, extra: dict[str, Any] | None = None) -> GateResult:
     """The GateResult of a finished canary, with its evidence files written under `work`."""
+    work.mkdir(parents=True, exist_ok=True)
     tests = work / "canary-tests.json"
     tests.write_text(json.dumps(result.to_json(), indent=2))
     evidence = [p for p in (result.records_path, tests) if p is not None] + plot_checks(result, work / "plots")

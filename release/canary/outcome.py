@@ -7,6 +7,7 @@ stopped (e.g. a rollback won) candidate removed, the version tagged with why; pr
 
 from __future__ import annotations
 
+from gates.base import GateResult
 from release.canary.runner import CanaryResult
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 
@@ -14,30 +15,42 @@ REJECTED_TAG = "relctl.rejected"
 CANARY_TAG = "relctl.canary"
 
 
+def canary_outcome(result: CanaryResult | GateResult) -> tuple[str, str]:
+    """(outcome, reason) of a canary run or of the canary gate's result (one that could not run: "fail")."""
+    if isinstance(result, CanaryResult):
+        return result.outcome, result.reason
+    outcome = result.details.get("outcome")
+    if not isinstance(outcome, str):
+        outcome = "pass" if result.status == "pass" else "fail"
+    return outcome, str(result.details.get("reason") or result.reason)
+
+
 def finish_canary(registry: Registry, model: str, candidate_version: str, production_version: str,
-                  result: CanaryResult, release_run: str | None = None) -> AliasMove | None:
+                  result: CanaryResult | GateResult, release_run: str | None = None) -> AliasMove | None:
     """Move the aliases for the canary's outcome; returns the recorded move (None if nothing changed).
 
-    A pass only promotes while production still is `production_version`: if it moved during the canary
-    (a rollback), the rollback wins and the candidate is only un-aliased.
+    `result` is the runner's CanaryResult or the canary gate's GateResult. A pass only promotes while
+    production still is `production_version`: if it moved during the canary (a rollback), the rollback
+    wins and the candidate is only un-aliased.
     """
+    outcome, reason = canary_outcome(result)
     current = registry.aliases(model).get(PRODUCTION)
-    if result.passed and current == production_version:
-        registry.set_version_tag(model, candidate_version, CANARY_TAG, f"pass: {result.reason}"[:5000])
+    if outcome == "pass" and current == production_version:
+        registry.set_version_tag(model, candidate_version, CANARY_TAG, f"pass: {reason}"[:5000])
         changes: dict[str, str | None] = {PRODUCTION: candidate_version, PREVIOUS: production_version,
                                           CANDIDATE: None}
-        return registry.move_aliases(model, changes, "canary", f"canary passed: {result.reason}", release_run)
-    if result.passed:
+        return registry.move_aliases(model, changes, "canary", f"canary passed: {reason}", release_run)
+    if outcome == "pass":
         result_reason = f"production moved to v{current} during the canary; it wins"
         registry.set_version_tag(model, candidate_version, CANARY_TAG, f"stopped: {result_reason}")
         return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", result_reason, release_run)
-    if result.outcome == "stopped":
-        registry.set_version_tag(model, candidate_version, CANARY_TAG, result.reason[:5000])
-        return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", result.reason, release_run)
-    reason = f"canary {result.outcome}: {result.reason}"
-    registry.set_version_tag(model, candidate_version, REJECTED_TAG, reason[:5000])
-    registry.set_version_tag(model, candidate_version, CANARY_TAG, reason[:5000])
-    return registry.move_aliases(model, {CANDIDATE: None}, "canary-reject", reason, release_run)
+    if outcome == "stopped":
+        registry.set_version_tag(model, candidate_version, CANARY_TAG, reason[:5000])
+        return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", reason, release_run)
+    why = f"canary {outcome}: {reason}"
+    registry.set_version_tag(model, candidate_version, REJECTED_TAG, why[:5000])
+    registry.set_version_tag(model, candidate_version, CANARY_TAG, why[:5000])
+    return registry.move_aliases(model, {CANDIDATE: None}, "canary-reject", why, release_run)
 
 
 def start_canary(registry: Registry, model: str, candidate_version: str, release_run: str | None = None

@@ -118,10 +118,10 @@ def _walk(router: Router, driver: TrafficDriver, config: CanaryConfig, expected:
           should_stop: Callable[[], str | None] | None, say: Callable[[str], None]) -> CanaryResult:
     checks: list[Check] = []
     failed = 0
-    step_index = 0
+    step_index, attempt = 0, 1
     while step_index < len(config.steps):
         weight = config.steps[step_index]
-        label = f"step-{step_index + 1}" + (f"-check-{failed + 1}" if failed else "")
+        label = f"step-{step_index + 1}" + (f"-check-{attempt}" if attempt > 1 else "")
         share = weight / 100.0
         router.set_weights(candidate=0.0 if config.shadow else share, shadow=share if config.shadow else 0.0,
                            step=label)
@@ -137,9 +137,10 @@ def _walk(router: Router, driver: TrafficDriver, config: CanaryConfig, expected:
                             len(sides["candidate"]), began, checked - router.t0))
         say(f"{label} {weight:g}%: {judgement.verdict} (score {judgement.score:.2f}) {judgement.reason}")
         if judgement.verdict == "pass":
-            step_index += 1
+            step_index, attempt = step_index + 1, 1
             continue
         failed += 1
+        attempt += 1
         if failed >= config.failure_threshold:
             return _roll_back(router, driver, checks, judgement.verdict, checked, config)
     router.set_weights(candidate=0.0, shadow=0.0, step="done")

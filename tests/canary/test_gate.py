@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from gates.base import GateContext, ProductionRef
-from gates.canary import CanaryGate
+from gates.canary import CanaryGate, gate_result
 from release.api import history, open_registry, register
 from release.canary.outcome import REJECTED_TAG, finish_canary, start_canary
 from release.canary.runner import CanaryResult
@@ -41,9 +41,9 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-def test_first_release_is_skipped(tmp_path: Path, packages: tuple[Path, Path]) -> None:
+def test_first_release_is_skipped(tmp_path: Path) -> None:
     gate = CanaryGate(CanaryConfig())
-    result = gate.run(GateContext("tiny-llm", packages[1], tmp_path, production=None))
+    result = gate.run(GateContext("tiny-llm", tmp_path / "candidate", tmp_path, production=None))
     assert result.status == "skipped" and result.reason == "no production version (first release)"
     assert CanaryGate.phase == "after_register" and CanaryGate.id == "canary"
 
@@ -93,7 +93,8 @@ def test_failed_canary_rejects_and_a_rollback_during_one_wins(tmp_path: Path, pa
     registry = open_registry(project)
     start_canary(registry, "tiny-llm", v2)
     failed = CanaryResult("fail", "step 1 (10%): critical metric failed: error_rate", [], False, rollback_s=1e-5)
-    move = finish_canary(registry, "tiny-llm", v2, v1, failed)
+    # The pipeline hands over the gate's result, as the gate returned it.
+    move = finish_canary(registry, "tiny-llm", v2, v1, gate_result("canary", failed, tmp_path / "gate"))
     assert move is not None and move.changes == {CANDIDATE: [v2, None]}
     assert registry.aliases("tiny-llm") == {PRODUCTION: v1}
     assert "error_rate" in registry.get_version("tiny-llm", v2).tags[REJECTED_TAG]
