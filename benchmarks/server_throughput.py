@@ -1,22 +1,26 @@
 """Benchmark: throughput and TTFT of `relctl serve` with batching on and off, against onnxruntime-genai's
 Engine in-process, at concurrency 1, 2, 4 and 8 — same model, same prompts, one run.
 
-A random Llama (hidden 512, 8 layers by default: a few ms per token on CPU) is built and packaged. At each
-concurrency C, C closed-loop clients each send --requests-per-client streamed requests of --tokens output
-tokens (EOS ignored; sampled with temperature 1 and top_k 50, no seed: greedy decoding of random weights
-loops on tokens that decode to no text, and a stream without text has no first token to time):
-  engine    og.Engine in this process: C requests resident, a new one begun as soon as one finishes
-  batched   relctl serve, serving.server.batching: on (the same og.Engine behind HTTP/SSE)
-  threads   relctl serve, batching: off, workers = 8 (one generator thread per request in flight)
-TTFT: send (or begin_turn) to the first non-empty text; tokens/s: output tokens of the level / its wall
-time. The HTTP client is a lean asyncio one (see LeanClient); the server's own Server-Timing header
-splits its part of the TTFT into prepare (read, parse, validate, tokenize) and first-token (admission,
-queue, prefill, thread hops). Levels run engine, batched, threads back to back, so machine-load drift
-affects all three alike.
+A random Llama (hidden 512, 8 layers by default: a few ms per token on CPU) is built and packaged. Modes:
+  engine      og.Engine in this process: C requests resident, a new one begun as soon as one finishes
+  batched     relctl serve, serving.server.batching: on (the same og.Engine behind HTTP/SSE)
+  batched-1t  the same with serving.server.intra_op_threads: 1 (no ONNX Runtime worker thread spinning
+              between steps on the cores the server's event loop and the client need)
+  threads     relctl serve, batching: off, workers = 8 (one generator thread per request in flight)
+Throughput: at each concurrency C the modes take turns for --rounds rounds (order rotated per round, so
+machine-load drift hits all alike); in a round C closed-loop clients send --requests-per-round streamed
+requests of --tokens output tokens (EOS ignored; temperature 1, top_k 50, no seed: greedy decoding of
+random weights loops on tokens that decode to no text, which has no first token to time). tokens/s is
+the median over rounds of output tokens / wall time; TTFT percentiles pool the rounds.
+TTFT at concurrency 1: paired single requests, each prompt in-process and then through each server; the
+added TTFT is the median per-prompt difference. TTFT: send (or tokenize + begin_turn) to the first
+non-empty text. The HTTP client is a lean asyncio one (LeanClient); the server's Server-Timing header
+splits its own part into prepare (read, parse, validate, tokenize) and first-token (admission, queue,
+prefill, thread hops).
 Written to benchmarks/results/server_throughput.json with the load average (the machine may be shared).
 
     python benchmarks/server_throughput.py
-    python benchmarks/server_throughput.py --hidden 256 --layers 4 --requests-per-client 2
+    python benchmarks/server_throughput.py --hidden 256 --layers 4 --rounds 1 --ttft-requests 5
 """
 
 from __future__ import annotations
@@ -52,14 +56,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def summarize(ttfts: list[float], tokens: int, wall_s: float) -> dict[str, float]:
-    return {"requests": len(ttfts), "output_tokens": tokens, "wall_s": round(wall_s, 3),
-            "tokens_per_s": round(tokens / wall_s, 1), "ttft_ms_p50": round(statistics.median(ttfts) * 1e3, 2),
-            "ttft_ms_p99": round(percentile(ttfts, 99) * 1e3, 2)}
+Sample = tuple[list[float], int, float, list[str]]  # TTFTs (s), output tokens, wall time (s), Server-Timing
+
+
+def summarize(rounds: list[Sample]) -> dict[str, Any]:
+    """tokens/s: median over the rounds (robust to another process's burst); TTFT: pooled percentiles."""
+    ttfts = [t for r in rounds for t in r[0]]
+    out: dict[str, Any] = {
+        "requests": len(ttfts), "rounds": len(rounds), "output_tokens": sum(r[1] for r in rounds),
+        "tokens_per_s": round(statistics.median(r[1] / r[2] for r in rounds), 1),
+        "tokens_per_s_rounds": [round(r[1] / r[2], 1) for r in rounds],
+        "ttft_ms_p50": round(statistics.median(ttfts) * 1e3, 2), "ttft_ms_p99": round(percentile(ttfts, 99) * 1e3, 2)}
+    headers = [h for r in rounds for h in r[3]]
+    if headers:
+        out["server_timing_ms_p50"] = server_timing(headers)
+    return out
 
 
 def run_engine(model: Any, tokenizer: Any, texts: list[str], concurrency: int, per_client: int,
-               tokens: int) -> dict[str, float]:
+               tokens: int) -> Sample:
     """C requests resident in og.Engine, closed loop: each finished one is replaced at once."""
     import numpy as np
     import onnxruntime_genai as og
@@ -99,7 +114,7 @@ def run_engine(model: Any, tokenizer: Any, texts: list[str], concurrency: int, p
                 del live[id(event.request)]
                 if todo:
                     begin(todo.pop())
-    return summarize(ttfts, produced, time.perf_counter() - started)
+    return ttfts, produced, time.perf_counter() - started, []
 
 
 class LeanClient:
@@ -152,7 +167,7 @@ def request_body(text: str, tokens: int) -> bytes:
                        "stream_options": {"include_usage": True}, **SAMPLING}).encode()
 
 
-def run_served(url: str, texts: list[str], concurrency: int, per_client: int, tokens: int) -> dict[str, Any]:
+def run_served(url: str, texts: list[str], concurrency: int, per_client: int, tokens: int) -> Sample:
     async def client_loop(index: int, out: list[tuple[float, int, str]]) -> None:
         client = LeanClient(url)
         try:
@@ -170,9 +185,7 @@ def run_served(url: str, texts: list[str], concurrency: int, per_client: int, to
 
     out, wall = asyncio.run(level())
     assert all(count == tokens for _, count, _ in out), [c for _, c, _ in out]
-    summary: dict[str, Any] = summarize([t for t, _, _ in out], sum(c for _, c, _ in out), wall)
-    summary["server_timing_ms_p50"] = server_timing(t for _, _, t in out)
-    return summary
+    return [t for t, _, _ in out], sum(c for _, c, _ in out), wall, [h for _, _, h in out]
 
 
 def server_timing(headers: Iterable[str]) -> dict[str, float]:
@@ -184,55 +197,95 @@ def server_timing(headers: Iterable[str]) -> dict[str, float]:
     return {name: round(statistics.median(v), 2) for name, v in values.items()}
 
 
+def paired_ttft(model: Any, tokenizer: Any, servers: dict[str, ServerProcess], texts: list[str],
+                count: int) -> dict[str, Any]:
+    """TTFT at concurrency 1, paired: each prompt in-process, then through each server, one request at a
+    time (4 output tokens); the added TTFT is the median of the per-prompt differences, so load drift
+    between prompts cancels out."""
+    ttfts: dict[str, list[float]] = {"engine": [], **{name: [] for name in servers}}
+    timing: dict[str, list[str]] = {name: [] for name in servers}
+    for i in range(count):
+        text = texts[i % len(texts)]
+        ttfts["engine"].append(run_engine(model, tokenizer, [text], 1, 1, 4)[0][0])
+        for name, server in servers.items():
+            got = run_served(server.url, [text], 1, 1, 4)
+            ttfts[name].append(got[0][0])
+            timing[name].extend(got[3])
+    return {
+        "requests": count,
+        "ttft_ms_p50": {k: round(statistics.median(v) * 1e3, 2) for k, v in ttfts.items()},
+        "added_ms_p50": {name: round(statistics.median(s - e for s, e in zip(ttfts[name], ttfts["engine"],
+                                                                           strict=True)) * 1e3, 2)
+                         for name in servers},
+        "server_timing_ms_p50": {name: server_timing(timing[name]) for name in servers},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per level, modes in rotated order")
+    parser.add_argument("--requests-per-round", type=int, default=8, help="requests per mode and round")
+    parser.add_argument("--ttft-requests", type=int, default=30, help="paired single requests for TTFT")
     args = parser.parse_args()
     import onnxruntime_genai as og
     import yaml
 
     texts = prompts(16)
-    results: dict[str, dict[str, dict[str, float]]] = {"engine": {}, "batched": {}, "threads": {}}
+    results: dict[str, dict[str, dict[str, Any]]] = {"engine": {}, "batched": {}, "batched-1t": {}, "threads": {}}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         package = build_package_in_child(work / "model", args.hidden, args.layers)
         configs = {}
         for name, server in (("batched", {"batching": "on", "max_batch_size": max(LEVELS)}),
+                             ("batched-1t", {"batching": "on", "max_batch_size": max(LEVELS), "intra_op_threads": 1}),
                              ("threads", {"batching": "off", "workers": THREAD_WORKERS})):
             configs[name] = work / f"{name}.yaml"
             configs[name].write_text(yaml.safe_dump({"serving": {"server": {
-                **server, "queue_size": 16, "max_output_tokens": args.tokens, "request_timeout_s": 300}}}))
+                **server, "queue_size": 16, "max_output_tokens": args.tokens,
+                "default_max_tokens": min(16, args.tokens), "request_timeout_s": 300}}}))
         model = og.Model(str(package / "model"))
         tokenizer = og.Tokenizer(model)
-        with ServerProcess(str(package), work / "batched", config=configs["batched"]) as batched, \
-                ServerProcess(str(package), work / "threads", config=configs["threads"]) as threads:
-            for url in (batched.url, threads.url):  # warm both servers and the in-process engine
-                run_served(url, texts, 2, 1, args.tokens)
+        servers = {name: ServerProcess(str(package), work / name, config=path).start()
+                   for name, path in configs.items()}
+        try:
+            for server in servers.values():  # warm every server and the in-process engine
+                run_served(server.url, texts, 2, 1, args.tokens)
             run_engine(model, tokenizer, texts, 2, 1, args.tokens)
+            ttft = paired_ttft(model, tokenizer, servers, texts, args.ttft_requests)
             for c in LEVELS:
-                results["engine"][str(c)] = run_engine(model, tokenizer, texts, c, args.requests_per_client,
-                                                       args.tokens)
-                results["batched"][str(c)] = run_served(batched.url, texts, c, args.requests_per_client, args.tokens)
-                results["threads"][str(c)] = run_served(threads.url, texts, c, args.requests_per_client, args.tokens)
-                print(c, {k: v[str(c)] for k, v in results.items()}, flush=True)
-            batch_stats = httpx.get(f"{batched.url}/health").json()["batching"]
+                per_client = max(1, -(-args.requests_per_round // c))
+                samples: dict[str, list[Sample]] = {mode: [] for mode in results}
+                for r in range(args.rounds):
+                    modes = list(results)
+                    for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate the order per round
+                        samples[mode].append(
+                            run_engine(model, tokenizer, texts, c, per_client, args.tokens) if mode == "engine"
+                            else run_served(servers[mode].url, texts, c, per_client, args.tokens))
+                for mode in results:
+                    results[mode][str(c)] = summarize(samples[mode])
+                print(c, {k: v[str(c)]["tokens_per_s"] for k, v in results.items()}, flush=True)
+            batch_stats = httpx.get(f"{servers['batched'].url}/health").json()["batching"]
+        finally:
+            for server in servers.values():
+                server.stop()
     top = str(max(LEVELS))
-    e, b, t = (results[k][top]["tokens_per_s"] for k in ("engine", "batched", "threads"))
-    ttft_added = results["batched"]["1"]["ttft_ms_p50"] - results["engine"]["1"]["ttft_ms_p50"]
+    e, b, b1, t = (results[k][top]["tokens_per_s"] for k in ("engine", "batched", "batched-1t", "threads"))
     result = {
         "benchmark": "relctl serve: batching on vs off vs og.Engine in-process, closed loop",
         "model": {"hidden": args.hidden, "layers": args.layers, "precision": "fp32"},
-        "tokens_per_request": args.tokens, "requests_per_client": args.requests_per_client,
+        "tokens_per_request": args.tokens, "rounds": args.rounds, "requests_per_round": args.requests_per_round,
         "thread_pool_workers": THREAD_WORKERS, "levels": results, "server_batch_stats": batch_stats,
         "at_concurrency_8": {"batched_over_threads": round(b / t, 2),
-                             "batched_vs_engine_pct": round((b / e - 1) * 100, 1)},
-        "ttft_added_by_server_ms_p50_at_1": round(ttft_added, 2),
+                             "batched_vs_engine_pct": round((b / e - 1) * 100, 1),
+                             "batched_1_thread_over_threads": round(b1 / t, 2),
+                             "batched_1_thread_vs_engine_pct": round((b1 / e - 1) * 100, 1)},
+        "ttft_at_concurrency_1": ttft,
         "targets": {"batched >= 2x threads at 8": b >= 2 * t, "batched within 15% of engine at 8": b >= 0.85 * e,
-                    "TTFT added <= 3 ms p50 at 1": ttft_added <= 3.0},
+                    "TTFT added <= 3 ms p50 at 1": ttft["added_ms_p50"]["batched"] <= 3.0},
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

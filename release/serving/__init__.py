@@ -1,11 +1,14 @@
 """Serving: the local OpenAI-compatible server on onnxruntime-genai and the open-loop load generator.
 
     settings.py   ServerSettings: limits, admission queue, timeouts, request-log retention
-    engine.py     the model and a fixed pool of generator threads behind admission control
-    protocol.py   OpenAI request schemas (400 naming the field) and response bodies
-    app.py        the starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics
+    engine.py     the model behind admission control: batched (batching.py) or a pool of generator threads
+    batching.py   onnxruntime-genai's og.Engine on one driver thread; jobs.py: what the threads hand back
+    protocol.py   OpenAI request schemas, the model's limits (400 naming the field) and response bodies
+    parsing.py    bounded JSON decoding, unsupported OpenAI fields refused by name
+    app.py        the starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics,
+                  /openapi.json (openapi.py), optional Bearer key; runs.py: one request's response
     server.py     run the app with uvicorn (graceful shutdown) in the foreground or as a child process
-    source.py     `<model>@<alias>` or a package folder -> a verified package
+    source.py     a package folder, MODEL@ALIAS, MODEL/VERSION or models:/... -> a verified package
     loadgen/      `relctl bench`: arrivals, dataset, client, metrics, sweep, compare, plots
     cli.py        the click commands `serve` and `bench`
 """
