@@ -108,6 +108,37 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
 
 
 @cli.command()
+@click.argument("spec", required=False, metavar="HEADERS_FILE|MODEL:VERSION")
+@click.option("--response-id", help="A response id from relctl serve's request log instead of SPEC.")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Request-log folder for --response-id (default: PROJECT_DIR/.relctl/request-logs).")
+@json_option
+@click.pass_obj
+@handled
+def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | None, as_json: bool) -> None:
+    """From a served response (its X-Relctl-* headers, or its id) back to the training run; exit 1 when the
+    package no longer matches what was released."""
+    from release import api
+    from release import trace as tr
+    from release.errors import Blocked
+
+    if response_id:
+        model, version, served = tr.target_from_log(log_dir or ctx.project_dir / ".relctl" / "request-logs",
+                                                   response_id)
+    elif spec and Path(spec).is_file():
+        model, version, served = tr.target_from_headers(Path(spec).read_text())
+    elif spec:
+        (model, version), served = tr.parse_spec(spec), None
+    else:
+        raise InputError("nothing to trace", hint="pass a headers file, MODEL:VERSION or --response-id ID")
+    chain = tr.trace(api.open_registry(ctx.project_dir), model, version, served)
+    emit(chain, as_json, lambda: click.echo("\n".join(tr.render(chain))))
+    if not chain["integrity"]["ok"]:
+        raise Blocked(f"{model} v{version}: {chain['integrity']['problem']}",
+                      hint="the served package differs from the released one; re-deploy from the registry")
+
+
+@cli.command()
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")

@@ -118,20 +118,41 @@ def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     assert status["aliases"]["production"]["training_run"] == story["runs"][0]
 
 
-def test_promoting_what_already_serves_is_a_no_op(story: dict[str, Any]) -> None:
+def test_re_promoting_what_already_serves_records_the_new_evidence(story: dict[str, Any]) -> None:
     project = story["project"]
     registry = Registry(resolve_store(project))
-    before = (registry.aliases(MODEL), len(registry.history(MODEL)),
-              len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    before = (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    moves_before = len(registry.history(MODEL))
     assert before[0]["production"] == "1"  # after the rollback: run 1's package serves
     result = relctl(project, "promote", story["runs"][0], "--json")
     assert result.exit_code == 0, result.output + result.stderr
     report = json.loads(result.stdout)
-    assert (report["outcome"], report["version"]) == ("unchanged", "1")
+    assert (report["outcome"], report["version"]) == ("re-gated", "1")
     assert "already serves this package" in result.stderr
-    after = (registry.aliases(MODEL), len(registry.history(MODEL)),
-             len(registry.client.search_model_versions(f"name='{MODEL}'")))
-    assert after == before
+    after = (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'")))
+    assert after == before  # no alias moved, no twin version
+    history = registry.history(MODEL)
+    assert len(history) == moves_before + 1 and history[-1].action == "re-gated" and history[-1].changes == {}
+    assert history[-1].release_run == report["release_run"]
+    tags = registry.get_version(MODEL, "1").tags
+    assert tags["gate.eval.status"] == "pass" and tags["gate.load.status"] == "pass"
+    assert report["release_run"] in registry.get_version(MODEL, "1").description
+
+
+def test_a_promote_without_gates_says_so_everywhere(story: dict[str, Any], tmp_path: Path) -> None:
+    empty = tmp_path / "release.yaml"
+    empty.write_text("convert:\n  precision: int4\n")
+    summary = tmp_path / "summary.md"
+    result = relctl(story["project"], "promote", story["runs"][1], "--config", str(empty), "--dry-run", "--json",
+                    "--summary", str(summary))
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "released without gates" in result.stderr
+    report = json.loads(result.stdout)
+    assert any("released without gates" in n for n in report["notes"])
+    assert "released without gates" in summary.read_text()
+    registry = Registry(resolve_store(story["project"]))
+    card = Path(registry.client.download_artifacts(report["release_run"], "report/model_card.md")).read_text()
+    assert "released without gates" in card
 
 
 def test_dry_run_runs_everything_and_registers_nothing(story: dict[str, Any]) -> None:
@@ -311,3 +332,41 @@ def test_register_subcommand_registers_a_package_with_its_lineage(story: dict[st
     result = relctl(project, "register", str(tampered), "--model", "manual")
     assert result.exit_code == 2 and "does not match its sha256" in result.stderr
     assert len(registry.client.search_model_versions("name='manual'")) == 1
+
+
+def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[str, Any], tmp_path: Path) -> None:
+    from release.serving.process import ServerProcess
+
+    project = story["project"]
+    registry = Registry(resolve_store(project))
+    production = registry.aliases(MODEL)["production"]
+    with ServerProcess(f"{MODEL}@production", tmp_path / "serve", project_dir=project) as server:
+        response = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                              json={"prompt": "reverse a b c d ->", "max_tokens": 4})
+    assert response.status_code == 200, response.text
+    headers = tmp_path / "headers.txt"
+    headers.write_text("HTTP/1.1 200 OK\n" + "".join(f"{k}: {v}\n" for k, v in response.headers.items()))
+    result = relctl(project, "trace", str(headers), "--json")
+    assert result.exit_code == 0, result.output + result.stderr
+    chain = json.loads(result.stdout)
+    tags = registry.get_version(MODEL, production).tags
+    assert (chain["model"], chain["version"]) == (MODEL, production)
+    assert chain["training_run"]["id"] == story["runs"][int(production) - 1]
+    assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit")
+    assert chain["data_sha256"]["eval"] == tags["lineage.data.eval.sha256"]
+    assert chain["release_run"]["outcome"] == "released" and chain["gates"]["eval"] == "pass"
+    assert chain["integrity"]["ok"] is True and "serving_config_mismatch" not in chain
+    text = relctl(project, "trace", f"{MODEL}:{production}")
+    assert text.exit_code == 0 and story["runs"][int(production) - 1] in text.stdout and "verified" in text.stdout
+    # Tamper with the released package in the artifact store: trace names the file (and exits 1).
+    run_id = tags["relctl.release_run_id"]
+    root = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package"
+    target = root / "model" / "genai_config.json"
+    original = target.read_bytes()
+    try:
+        target.write_bytes(original + b" ")
+        tampered = relctl(project, "trace", f"{MODEL}:{production}")
+        assert tampered.exit_code == 1, tampered.output + tampered.stderr
+        assert "TAMPERED" in tampered.stdout and "model/genai_config.json does not match" in tampered.stdout
+    finally:
+        target.write_bytes(original)

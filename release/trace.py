@@ -1,0 +1,129 @@
+"""`relctl trace`: from a served response back to the training run that made it.
+
+A response of `relctl serve` names its version in the X-Relctl-Model / X-Relctl-Version /
+X-Relctl-Serving-Config headers (and its id is in the request log). From there: the version, its
+serving-config hash, the release run and its gate results, the training run, git commit, data and
+weight hashes — and whether the package still matches, file by file, what the registry recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from release import links
+from release.errors import InputError, RegistryError
+from release.registry import Registry
+from release.registry import tags as T
+from release.versions import fetch_package
+
+
+def parse_headers(text: str) -> dict[str, str]:
+    """HTTP response headers as `curl -D` or a browser writes them (`Name: value` lines), lower-cased."""
+    headers = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not name.startswith(("HTTP/", " ")):
+            headers[name.strip().lower()] = value.strip()
+    return headers
+
+
+def target_from_headers(text: str) -> tuple[str, str, str | None]:
+    headers = parse_headers(text)
+    model, version = headers.get("x-relctl-model"), headers.get("x-relctl-version")
+    if not model or not version:
+        raise InputError("the headers hold no X-Relctl-Model and X-Relctl-Version",
+                         hint="save the response headers of relctl serve, e.g. curl -D headers.txt ...")
+    if version == "unregistered":
+        raise InputError(f"{model} was served from a package folder, not a registered version",
+                         hint="serve MODEL@ALIAS or MODEL/VERSION to make responses traceable")
+    return model, version, headers.get("x-relctl-serving-config")
+
+
+def target_from_log(log_dir: Path, response_id: str) -> tuple[str, str, str | None]:
+    for path in sorted(log_dir.glob("requests-*.jsonl"), reverse=True):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("id") == response_id:
+                model, _, version = str(record.get("model", "")).rpartition(":")
+                return model, version, record.get("serving_config")
+    raise InputError(f"response '{response_id}' is not in the request logs under {log_dir}",
+                     hint="request logging is off by default (serving.server.request_log.enabled)")
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    for sep in (":", "/"):
+        if sep in spec:
+            model, _, version = spec.rpartition(sep)
+            if model and version.isdigit():
+                return model, version
+    raise InputError(f"'{spec}' is not MODEL:VERSION, a headers file or --response-id",
+                     hint="e.g. relctl trace tiny-llm:3, or relctl trace headers.txt")
+
+
+def trace(registry: Registry, model: str, version: str, served_config: str | None = None) -> dict[str, Any]:
+    """The whole chain for `model` v`version`, with the package verified against the registry."""
+    mv = registry.get_version(model, version)
+    tags = dict(mv.tags)
+    uri = registry.store.tracking_uri
+    out: dict[str, Any] = {"schema_version": 1, "model": model, "version": version,
+                           "model_uri": links.model_uri(model, version),
+                           "link": links.version_link(uri, model, version),
+                           "aliases": sorted(a for a, v in registry.aliases(model).items() if v == version),
+                           "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH), "precision": tags.get(T.PRECISION)}
+    if served_config is not None and served_config != tags.get(T.SERVING_CONFIG_HASH):
+        out["serving_config_mismatch"] = f"the response said {served_config}, the version records " \
+                                         f"{tags.get(T.SERVING_CONFIG_HASH)}"
+    release_run = tags.get(T.RELEASE_RUN)
+    if release_run:
+        run = registry.get_run(release_run)
+        out["release_run"] = {"id": release_run, "outcome": run.data.tags.get(T.OUTCOME),
+                              "link": links.run_link(uri, run.info.experiment_id, release_run)}
+    out["gates"] = T.gate_statuses(tags)
+    training_id = tags.get(T.TRAINING_RUN)
+    training: dict[str, Any] = {"id": training_id}
+    if training_id:
+        try:
+            run = registry.get_run(training_id)
+            training |= {"name": run.info.run_name, "link": links.run_link(uri, run.info.experiment_id, training_id)}
+        except (InputError, RegistryError) as exc:
+            training["error"] = exc.message
+    training |= {"git_commit": tags.get(T.GIT_COMMIT), "git_dirty": tags.get(T.GIT_DIRTY)}
+    out["training_run"] = training
+    out["data_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v for k, v in T.with_prefix(tags, T.DATA_PREFIX).items()}
+    out["weights_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v
+                             for k, v in T.with_prefix(tags, T.WEIGHTS_PREFIX).items()}
+    out["config_sha256"] = tags.get(T.CONFIG_SHA256)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            fetch_package(registry, model, version, Path(tmp))
+            out["integrity"] = {"ok": True, "checked": f"every file against the manifest recorded at release "
+                                                       f"({tags.get(T.MANIFEST_SHA256, '')[:16]})"}
+        except InputError as exc:
+            out["integrity"] = {"ok": False, "problem": exc.message}
+    return out
+
+
+def render(chain: dict[str, Any]) -> list[str]:
+    """The chain as text, one fact per line."""
+    lines = [f"{chain['model']} v{chain['version']} ({chain['model_uri']}; aliases: "
+             f"{', '.join(chain['aliases']) or 'none'}) {chain['precision'] or ''}".rstrip(),
+             f"  serving config   {chain['serving_config_hash'] or 'not recorded'}"]
+    if "serving_config_mismatch" in chain:
+        lines.append(f"  MISMATCH         {chain['serving_config_mismatch']}")
+    rr = chain.get("release_run")
+    if rr:
+        lines.append(f"  release run      {rr['id']} ({rr['outcome'] or 'outcome not recorded'}) {rr['link']}")
+    gates = ", ".join(f"{g} {s}" for g, s in sorted(chain["gates"].items())) or "no gate ran"
+    lines.append(f"  gates            {gates}")
+    t = chain["training_run"]
+    lines.append(f"  training run     {t.get('id') or 'not recorded'} {t.get('link', '')}".rstrip())
+    lines.append(f"  git commit       {t.get('git_commit') or 'not recorded'}"
+                 + (" (uncommitted changes)" if str(t.get("git_dirty")).lower() == "true" else ""))
+    lines += [f"  data {name:<12}sha256 {digest}" for name, digest in sorted(chain["data_sha256"].items())]
+    lines += [f"  weights {name} sha256 {digest}" for name, digest in sorted(chain["weights_sha256"].items())]
+    integrity = chain["integrity"]
+    lines.append(f"  package          {'verified: ' + integrity['checked'] if integrity['ok'] else 'TAMPERED: ' + integrity['problem']}")
+    return lines
