@@ -17,7 +17,7 @@ A rate is held when the server-side rate is within 2% of the target with no erro
 timed, not counted, so requests received vs planned is reported beside it, not part of the test).
 Results: benchmarks/results/loadgen.json (with the load average: the machine may be shared).
 
-    python benchmarks/loadgen.py                        # 800 and 3,200 req/s, 5 s each (~1.5 min)
+    python benchmarks/loadgen.py                        # 800 and 3,200 req/s, 5 s each, 2 rounds (~3 min)
     python benchmarks/loadgen.py --rates 400,1600 --seconds 3
 """
 
@@ -166,10 +166,24 @@ def server_side(url: str, cpu_before: float) -> dict[str, Any]:
             "server_cpu_s": stats["cpu_s"] - cpu_before}
 
 
+def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per tool and rate, over the rounds: how often it held, and the range of server rate and cores."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(f"{r['tool']}@{r['rate']:g}" for r in rows):
+        cell = [r for r in rows if f"{r['tool']}@{r['rate']:g}" == key]
+        rates = [r["server_rate"] or 0.0 for r in cell]
+        out[key] = {"held": f"{sum(r['held'] for r in cell)}/{len(cell)}",
+                    "server_rate": [min(rates), max(rates)], "cores": [min(r["cores"] for r in cell),
+                                                                       max(r["cores"] for r in cell)]}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="800,3200")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="rounds over every rate and tool (shared machines are noisy)")
     parser.add_argument("--client", choices=["uvloop", "asyncio"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, help=argparse.SUPPRESS)
@@ -188,14 +202,14 @@ def main() -> None:
                 time.sleep(0.05)
             url = ready.read_text()
             load_before = os.getloadavg()
-            for rate in rates:
+            for rate, round_ in [(r, k) for k in range(args.repeat) for r in rates]:
                 for tool in ("relctl", "relctl-asyncio", "locust"):
                     cpu_before = httpx.get(f"{url}/stats").json()["cpu_s"]
                     if tool == "locust":
                         row = run_locust(url, rate, args.seconds, work)
                     else:
                         row = run_relctl(url, rate, args.seconds, "uvloop" if tool == "relctl" else "asyncio")
-                    row = {"tool": tool, "rate": rate, **row, **server_side(url, cpu_before)}
+                    row = {"tool": tool, "rate": rate, "round": round_, **row, **server_side(url, cpu_before)}
                     row["held"] = bool(row["server_rate"] is not None and abs(row["server_rate"] - rate) / rate <= HELD
                                        and not row["errors"])
                     rows.append(row)
@@ -209,8 +223,7 @@ def main() -> None:
     result = {
         "benchmark": "load generator: client CPU and server-side received rate, 1 ms / 1 ms endpoint, 2 tokens",
         "criterion": f"held = server-side received rate within {HELD:.0%} of the target, no errors",
-        "summary": {f"{r['tool']}@{r['rate']:g}": {"server_rate": r["server_rate"], "cores": r["cores"],
-                                                   "held": r["held"]} for r in rows},
+        "summary": summarize_rows(rows),
         "targets": {"relctl_cores_at_800": 0.8, "relctl_held_at_3200": True},
         "rows": rows, "seconds_per_rate": args.seconds,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},

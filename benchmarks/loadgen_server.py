@@ -73,14 +73,19 @@ class DelayProtocol(asyncio.Protocol):
                              b"Transfer-Encoding: chunked\r\n\r\n")
         loop = asyncio.get_running_loop()
         base = loop.time() + (now - time.perf_counter())
-        for i in range(tokens):
-            loop.call_at(base + self.ttft_s + i * self.tpot_s, self.token, i == tokens - 1, tokens)
+        loop.call_at(base + self.ttft_s, self.token, 0, tokens, base)
 
-    def token(self, last: bool, tokens: int) -> None:
+    def token(self, i: int, tokens: int, base: float) -> None:
+        # Each token schedules the next: timers due in the same millisecond can fire out of order, and
+        # the last one ends the response.
         if self.transport is None or self.transport.is_closing():
             return
         out = chunk(TOKEN)
-        if last:
+        last = i == tokens - 1
+        if not last:
+            asyncio.get_running_loop().call_at(base + self.ttft_s + (i + 1) * self.tpot_s, self.token, i + 1, tokens,
+                                               base)
+        else:
             usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}})
             out += chunk(f"data: {usage}\n\n".encode()) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
         self.transport.write(out)
