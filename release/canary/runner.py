@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import httpx
 
-from release.canary.judge import StepJudgement, judge_step
+from release.canary.judge import Proportion, StepJudgement, judge_step
 from release.canary.settings import CanaryConfig
 from release.canary.sources import records_data, side_records
 from release.canary.traffic import ClientView, TrafficDriver, body_for, plan_requests
@@ -29,6 +29,7 @@ Outcome = Literal["pass", "fail", "inconclusive", "stopped"]
 POLL_S = 0.02
 # should_stop may ask a registry; inside a step it is asked this often, and always right before a check.
 STOP_POLL_S = 0.25
+COUNT_POLL_S = 0.1
 
 
 @dataclass
@@ -89,7 +90,8 @@ def run_canary(production_url: str, candidate_url: str, config: CanaryConfig, wo
     say = progress or (lambda _: None)
     router = Router(production_url, candidate_url, record_text=True, timeout_s=config.timeout_s)
     needed = max((rule.min_samples for rule in config.metrics.values()), default=1)
-    per_step = [max(config.step_requests, math.ceil(2 * needed * 100 / w)) for w in config.steps]
+    # Planned, not sent: the checks end the traffic; room for steps that wait for enough samples.
+    per_step = [max(config.step_requests, math.ceil(4 * needed * 100 / w)) for w in config.steps]
     budget = sum(per_step) * (config.failure_threshold + 1)
     rate = config.traffic.rate or 1.0
     n = budget + int(rate * (config.after_rollback_s + config.step_timeout_s)) + 10
@@ -126,7 +128,7 @@ def _walk(router: Router, driver: TrafficDriver, config: CanaryConfig, expected:
         router.set_weights(candidate=0.0 if config.shadow else share, shadow=share if config.shadow else 0.0,
                            step=label)
         began = time.perf_counter() - router.t0
-        stop_reason = _wait_for_step(router, driver, label, config, should_stop)
+        stop_reason = _wait_for_step(router, driver, label, config, expected, should_stop)
         if stop_reason is not None:
             return _stopped(router, checks, stop_reason, config)
         data = records_data(router.records, label, config.shadow, expected)
@@ -149,31 +151,41 @@ def _walk(router: Router, driver: TrafficDriver, config: CanaryConfig, expected:
 
 
 def _wait_for_step(router: Router, driver: TrafficDriver, label: str, config: CanaryConfig,
-                   should_stop: Callable[[], str | None] | None) -> str | None:
+                   expected: dict[str, str], should_stop: Callable[[], str | None] | None) -> str | None:
     deadline = time.perf_counter() + config.step_timeout_s
-    # At a small share the candidate gets few requests: the check also waits until each side has the
-    # samples the rules need, so a 10% step is judged on enough data instead of being inconclusive.
-    needed = max((rule.min_samples for rule in config.metrics.values()), default=1)
-    seen, done, prod, cand = 0, 0, 0, 0
-    asked = 0.0
+    seen, done = 0, 0
+    asked, counted = 0.0, 0.0
     while time.perf_counter() < deadline:
-        if should_stop is not None and time.perf_counter() - asked >= STOP_POLL_S:
-            asked = time.perf_counter()
+        now = time.perf_counter()
+        if should_stop is not None and now - asked >= STOP_POLL_S:
+            asked = now
             if (reason := should_stop()) is not None:
                 return reason
         records = router.records
         current = len(records)
-        for rec in records[seen:current]:
-            if rec.step != label:
-                continue
-            done += not rec.mirrored
-            prod += rec.backend == "production" and not rec.mirrored
-            cand += rec.backend == "candidate" and rec.mirrored == config.shadow
+        done += sum(1 for r in records[seen:current] if r.step == label and not r.mirrored)
         seen = current
-        if (done >= config.step_requests and min(prod, cand) >= needed) or driver.exhausted:
+        if driver.exhausted:
             break
+        # At a small share the candidate gets few requests: the check also waits until each metric has
+        # the samples its rule needs on both sides, so a 10% step is judged instead of inconclusive.
+        if done >= config.step_requests and now - counted >= COUNT_POLL_S:
+            counted = now
+            if _enough(records_data(records, label, config.shadow, expected), config):
+                break
         time.sleep(POLL_S)
     return should_stop() if should_stop is not None else None
+
+
+def _enough(data: dict[str, tuple[Any, Any]], config: CanaryConfig) -> bool:
+    for name, rule in config.metrics.items():
+        if name in data and min(_count(side) for side in data[name]) < rule.min_samples:
+            return False
+    return True
+
+
+def _count(side: Any) -> int:
+    return side.n if isinstance(side, Proportion) else len(side)
 
 
 def _roll_back(router: Router, driver: TrafficDriver, checks: list[Check], verdict: str, failed_at: float,

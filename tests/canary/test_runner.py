@@ -32,7 +32,8 @@ def write_dataset(path: Path, rows: int = 24) -> str:
 
 def test_slow_candidate_fails_at_the_first_step_and_rolls_back(backend: str, tmp_path: Path) -> None:
     # An injected per-token delay: 6 ms per token instead of 1, the same time to the first token.
-    result = run_canary(url(backend, "1", 5, 1), url(backend, "2", 5, 6), quick(tmp_path), tmp_path)
+    config = quick(tmp_path, traffic={"rate": 60, "requests": 1, "output_tokens": 12, "warmup": 1})
+    result = run_canary(url(backend, "1", 5, 1), url(backend, "2", 5, 6), config, tmp_path)
     assert result.outcome == "fail"
     assert [c.step for c in result.checks] == [1]
     failed = {m.metric for m in result.checks[0].judgement.metrics if m.verdict == "fail"}
