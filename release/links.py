@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from release.store import redact_uri
+
 
 def ui_base(tracking_uri: str) -> str:
+    # Links land in reports, model cards and JSON output: never with the URI's credentials.
     if tracking_uri.startswith(("http://", "https://")):
-        return tracking_uri.rstrip("/") + "/"
+        return redact_uri(tracking_uri).rstrip("/") + "/"
     return ""
 
 

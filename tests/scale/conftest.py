@@ -250,7 +250,7 @@ def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRe
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", postgres.uri(PG_DATABASE),
                  "--artifacts-destination", f"s3://{BUCKET}/{ARTIFACTS_PREFIX}", "--serve-artifacts",
-                 "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                 env=server_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=logs))
         tracking_uri = f"http://127.0.0.1:{port}"
         _wait("mlflow server", lambda: httpx.get(f"{tracking_uri}/health", timeout=2).status_code == 200,

@@ -43,7 +43,8 @@ def silent_port() -> Iterator[int]:
 @pytest.fixture()
 def unreachable_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for key in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
-                "MLFLOW_REGISTRY_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+                "MLFLOW_REGISTRY_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RELCTL_REGISTRY_TIMEOUT_S", str(TIMEOUT_S))
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
