@@ -212,3 +212,14 @@ def test_init_works_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> Non
     assert load_config(project / "release.yaml") == ReleaseConfig()
     assert (project / "deploy/Dockerfile").read_text() == (REPO / "templates/Dockerfile").read_text()
     assert (project / ".github/workflows/promote.yml").is_file()
+
+
+def test_the_shipped_release_yaml_template_is_the_generated_one() -> None:
+    """templates/release.yaml is what `relctl init` writes from the schema: regenerate it when the schema moves
+    (`python -c "from release.config_doc import release_yaml_text as t; open('templates/release.yaml','w').write(t())"`)."""
+    from pathlib import Path
+
+    from release.config_doc import release_yaml_text
+
+    shipped = Path(__file__).resolve().parents[2] / "templates" / "release.yaml"
+    assert shipped.read_text() == release_yaml_text()
