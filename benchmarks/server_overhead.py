@@ -6,7 +6,8 @@ generation of --tokens tokens (EOS ignored) at concurrency 1:
   direct  og.Generator in this process: encode, generate token by token, decode incrementally
   served  POST /v1/completions with stream=true to `relctl serve` (a child process, one worker), read
           with httpx: TTFT at the first content chunk, E2E at the last
-Both sample with the same seed and settings, so they generate the same tokens. Rounds alternate direct and served per prompt so machine load drifts affect both alike. Medians of
+Both sample with the same seed and settings, so they generate the same tokens. Rounds alternate direct and
+served per prompt so machine load drifts affect both alike. Medians of
 TTFT, of tokens/s (output tokens / E2E) and of CPU time per token (this process for direct, the
 server process for served: robust to other load on a shared machine) and the overheads are written to
 benchmarks/results/server_overhead.json (with the load average: the machine may be shared).

@@ -55,7 +55,8 @@ class EvalConfig(BaseModel):
         for name in self.thresholds:
             if name not in self.metrics:
                 raise ConfigError(f"release.yaml: gates.eval.thresholds.{name}: '{name}' is not in gates.eval.metrics",
-                                  hint=f"add it to metrics or remove the threshold (metrics: {', '.join(self.metrics)})")
+                                  hint="add it to metrics or remove the threshold "
+                                       f"(metrics: {', '.join(self.metrics)})")
         return self
 
 
@@ -75,7 +76,8 @@ class EvalGate:
     def run(self, context: GateContext) -> GateResult:
         path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset
         if path is None:
-            raise InputError("eval gate: no eval set", hint="set gates.eval.dataset or log data/eval.jsonl with the run")
+            raise InputError("eval gate: no eval set",
+                             hint="set gates.eval.dataset or log data/eval.jsonl with the run")
         data = load_eval_set(path, self.config.expectations)
         metrics = resolve_metrics(self.config.metrics)
         rows = score_rows(load_package_model(context.package_dir), data.rows, self.config, _needs_logits(metrics))
@@ -84,7 +86,7 @@ class EvalGate:
         checks, skipped = self._check(metrics, values, production)
         evidence = context.work_dir / EVIDENCE_FILE
         _write_predictions(evidence, data.rows, rows)
-        failing = [_example(row, scored) for row, scored in zip(data.rows, rows) if not _correct(scored)]
+        failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
         return GateResult(
             gate=self.id, status="pass" if all(c.passed for c in checks) else "fail",
             reason=_reason(checks, skipped, len(rows)), metrics=values, thresholds=checks, evidence=[evidence],
@@ -138,7 +140,7 @@ def _teacher_forced(model: GenaiModel, row: EvalRow,
     prompt_ids = model.encode(row.prompt)
     full_ids = model.encode(row.prompt + separator + row.expected) + model.eos_token_ids[:1]
     # Targets start where the tokenizations diverge, so a merge across the boundary cannot shift them.
-    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b), len(prompt_ids))
+    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids, strict=False)) if a != b), len(prompt_ids))
     start = max(start, 1)
     logits = model.logits(full_ids[:-1])[start - 1:]
     targets = np.asarray(full_ids[start:])
@@ -172,7 +174,7 @@ def _example(row: EvalRow, scored: ScoredRow) -> dict[str, Any]:
 
 
 def _write_predictions(path: Path, rows: tuple[EvalRow, ...], scored: list[ScoredRow]) -> None:
-    lines = [json.dumps({**_example(r, s), "correct": _correct(s)}) for r, s in zip(rows, scored)]
+    lines = [json.dumps({**_example(r, s), "correct": _correct(s)}) for r, s in zip(rows, scored, strict=True)]
     path.write_text("".join(line + "\n" for line in lines))
 
 

@@ -29,7 +29,8 @@ from release.serving.settings import ServerSettings
 class CostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    gpu_price_per_hour: float | None = Field(default=None, ge=0, description="price of one accelerator (or host) per hour")
+    gpu_price_per_hour: float | None = Field(default=None, ge=0,
+                                             description="price of one accelerator (or host) per hour")
     gpus: int = Field(default=1, ge=1, description="accelerators per replica")
     max_cost_per_million_tokens: float | None = Field(default=None, gt=0, description="fail above this cost")
     serverless_price_per_million_tokens: float | None = Field(default=None, gt=0)
@@ -129,10 +130,12 @@ def cost_figures(cost: CostConfig, summary: dict[str, Any]) -> dict[str, float]:
     out = {"cost_per_million_tokens": per_hour / (tokens_per_s * 3600) * 1e6, "cost_per_hour": per_hour}
     if cost.serverless_price_per_million_tokens is not None:
         # Dedicated at utilization u costs cost_per_million / u per million tokens; equal at u = cost / price.
-        out["breakeven_utilization_vs_per_token"] = out["cost_per_million_tokens"] / cost.serverless_price_per_million_tokens
+        serverless = cost.serverless_price_per_million_tokens
+        out["breakeven_utilization_vs_per_token"] = out["cost_per_million_tokens"] / serverless
     requests_per_s = float(summary["request_throughput"])
     if cost.serverless_price_per_request is not None and requests_per_s > 0:
-        out["breakeven_utilization_vs_per_request"] = per_hour / (requests_per_s * 3600 * cost.serverless_price_per_request)
+        per_request = cost.serverless_price_per_request
+        out["breakeven_utilization_vs_per_request"] = per_hour / (requests_per_s * 3600 * per_request)
     return out
 
 

@@ -8,12 +8,16 @@ from typing import Any
 
 from release import links
 from release.config import CONFIG_FILE, load_config
+from release.contract import check_run
 from release.errors import InputError, RegistryError
+from release.gating.plugins import load_gates
 from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.report import ReleaseReport
+from release.stages.package import verify_package
+from release.stages.register import register_package
 from release.store import connect, resolve_store
 from release.versions import fetch_package
 
@@ -48,9 +52,6 @@ def promote(
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
     """The run contract for `run_id` under this project's release.yaml (release.contract)."""
-    from release.contract import check_run
-    from release.gating.plugins import load_gates
-
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path)
@@ -103,9 +104,6 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
-    from release.stages.package import verify_package
-    from release.stages.register import register_package
-
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 

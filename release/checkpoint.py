@@ -129,7 +129,8 @@ def weight_files(folder: Path) -> list[Path]:
         try:
             weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputError(f"{index_path.name}: no readable weight_map", hint="re-save the sharded checkpoint") from exc
+            raise InputError(f"{index_path.name}: no readable weight_map",
+                             hint="re-save the sharded checkpoint") from exc
         names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:

@@ -15,7 +15,6 @@ from release.errors import InputError
 from release.failure import raise_on_sigterm
 from release.progress import Progress
 
-
 GLOBAL_FLAGS = ("-q", "--quiet", "--traceback")
 GLOBAL_WITH_VALUE = ("--project-dir",)
 # Commands that make the project folder, so a --project-dir that does not exist yet is what they expect.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import traceback
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import git
 from mlflow.entities import Run
 
 from release.hashing import sha256_file
@@ -47,8 +48,6 @@ def checkpoint_lineage(checkpoint: Path, weight_files: list[Path]) -> dict[str, 
 
 def repo_state(path: Path) -> dict[str, Any]:
     """Commit and dirty state of the git repository holding `path` (release.yaml or the project)."""
-    import git
-
     try:
         repo = git.Repo(path, search_parent_directories=True)
         commit = repo.head.commit.hexsha if repo.head.is_valid() else None

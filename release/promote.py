@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from release import links
 from release.config import ReleaseConfig
 from release.contract import check_run
 from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
@@ -26,7 +27,6 @@ from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
 from release.hashing import sha256_file
-from release import links
 from release.lineage import repo_state
 from release.pipeline import Done, Pipeline, work_dir_for
 from release.progress import Progress
@@ -220,8 +220,9 @@ class Promotion:
                           "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files)}
         return manifest
 
-    def _gates(self, phase: GatePhase, gates: list[Gate], name: str, package: PackageManifest, intake: Done[IntakeResult],
-               report: ReleaseReport, production: ProductionRef | None, version: str | None) -> list[GateResult]:
+    def _gates(self, phase: GatePhase, gates: list[Gate], name: str, package: PackageManifest,
+               intake: Done[IntakeResult], report: ReleaseReport, production: ProductionRef | None,
+               version: str | None) -> list[GateResult]:
         selected = gates_of_phase(gates, phase)
         if not selected:
             return []
@@ -248,7 +249,8 @@ class Promotion:
         statuses = {g["gate"]: g["status"] for g in report.gates}
         skipped = [g for g in self.cfg.require if statuses.get(g) == "skipped"]
         if skipped:
-            reason = f"required gate '{skipped[0]}' was skipped: {next(g['reason'] for g in report.gates if g['gate'] == skipped[0])}"
+            why = next(g["reason"] for g in report.gates if g["gate"] == skipped[0])
+            reason = f"required gate '{skipped[0]}' was skipped: {why}"
             report.block([reason])
             raise Blocked(reason, hint="a gate listed in require must run and pass")
 

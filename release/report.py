@@ -77,7 +77,8 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         "",
     ]
     if report.validation:
-        lines += ["## Validation against the fp32 reference", "| metric | value | bound | result |", "|---|---|---|---|"]
+        lines += ["## Validation against the fp32 reference", "| metric | value | bound | result |",
+                  "|---|---|---|---|"]
         for check in report.validation.get("checks", []):
             lines.append(
                 f"| {check['metric']} | {_fmt(check['value'])} | {check['op']} {_fmt(check['bound'])} | "
@@ -105,8 +106,8 @@ def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
         "released": f"✅ **{report.model} v{report.version}** is production",
         "blocked": f"❌ **{report.model}**: release blocked — nothing registered, production unchanged",
         "dry-run": f"🧪 **{report.model}**: dry run passed — nothing registered",
-        "unchanged": f"ℹ️ **{report.model} v{report.version}** already serves this package — nothing moved",
-        "re-gated": f"ℹ️ **{report.model} v{report.version}** already serves this package — the new gate "
+        "unchanged": f"⏺️ **{report.model} v{report.version}** already serves this package — nothing moved",
+        "re-gated": f"🔁 **{report.model} v{report.version}** already serves this package — the new gate "
                     "results are recorded on it",
     }.get(report.outcome, f"⚠️ **{report.model}**: {report.outcome}")
     lines = [f"## relctl promote `{report.training_run}`", "", headline, ""]

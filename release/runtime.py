@@ -60,7 +60,7 @@ def read_genai_config(model_dir: Path) -> dict[str, Any]:
 
 def open_tokenizer(model: Any) -> Any:
     """The og.Tokenizer of a loaded og.Model, configured to add special tokens like the training one."""
-    import onnxruntime_genai as og
+    import onnxruntime_genai as og  # noqa: PLC0415 - loads native libraries; only when a model is loaded
 
     tokenizer = og.Tokenizer(model)
     tokenizer.update_options(add_special_tokens="true")
@@ -81,7 +81,7 @@ class GenaiModel:
     @classmethod
     def load(cls, model_dir: Path, execution_provider: str = "cpu") -> GenaiModel:
         """Load `model_dir` (model.onnx + genai_config.json + tokenizer files) for `execution_provider`."""
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # noqa: PLC0415 - loads native libraries; only when a model is loaded
 
         config_data = read_genai_config(model_dir)
         if not (model_dir / MODEL_FILE).is_file():
@@ -126,7 +126,7 @@ class GenaiModel:
         return list(self._greedy(list(input_ids), max_new_tokens))
 
     def _greedy(self, input_ids: list[int], max_new_tokens: int) -> Iterator[int]:
-        import onnxruntime_genai as og
+        import onnxruntime_genai as og  # noqa: PLC0415 - loads native libraries; only when a model is loaded
 
         if not input_ids:
             raise InputError("prompt: tokenizes to no tokens", hint="give a non-empty prompt")
@@ -159,7 +159,7 @@ class GenaiModel:
         # Created on first use: a server that only generates never holds the weights twice.
         with self._session_lock:
             if self._session is None:
-                import onnxruntime as ort
+                import onnxruntime as ort  # noqa: PLC0415 - loads native libraries; only when a graph is run
 
                 options = ort.SessionOptions()
                 options.log_severity_level = 3

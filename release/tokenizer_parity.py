@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from release.errors import InputError
 
 # Strings every served tokenizer must encode like the training one, beside the prompts themselves.
@@ -30,10 +32,10 @@ def compare_tokenizers(
     encode: Callable[[str], list[int]], training_tokenizer: Path, texts: list[str]
 ) -> TokenizerParity:
     """Compare `encode` (the served tokenizer) with tokenizers' encode of `training_tokenizer` (BOS included)."""
-    from tokenizers import Tokenizer
 
     if not training_tokenizer.is_file():
-        raise InputError(f"{training_tokenizer}: training tokenizer not found", hint="pass the checkpoint's tokenizer.json")
+        raise InputError(f"{training_tokenizer}: training tokenizer not found",
+                         hint="pass the checkpoint's tokenizer.json")
     training = Tokenizer.from_file(str(training_tokenizer))
     for text in texts:
         served, expected = encode(text), list(training.encode(text).ids)

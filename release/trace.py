@@ -125,5 +125,6 @@ def render(chain: dict[str, Any]) -> list[str]:
     lines += [f"  data {name:<12}sha256 {digest}" for name, digest in sorted(chain["data_sha256"].items())]
     lines += [f"  weights {name} sha256 {digest}" for name, digest in sorted(chain["weights_sha256"].items())]
     integrity = chain["integrity"]
-    lines.append(f"  package          {'verified: ' + integrity['checked'] if integrity['ok'] else 'TAMPERED: ' + integrity['problem']}")
+    verdict = f"verified: {integrity['checked']}" if integrity["ok"] else f"TAMPERED: {integrity['problem']}"
+    lines.append(f"  package          {verdict}")
     return lines

@@ -115,10 +115,12 @@ def test_same_seed_gives_identical_weights(tmp_path: Path, tinyllm: ModuleType) 
     cfg = tinyllm.TrainConfig(base_steps=3, lora_steps=2, batch_size=8)
     first = tinyllm.train_tiny_llm(tmp_path / "a", cfg)
     second = tinyllm.train_tiny_llm(tmp_path / "b", cfg)
-    other = tinyllm.train_tiny_llm(tmp_path / "c", tinyllm.TrainConfig(base_steps=3, lora_steps=2, batch_size=8, seed=1))
+    other = tinyllm.train_tiny_llm(tmp_path / "c",
+                                   tinyllm.TrainConfig(base_steps=3, lora_steps=2, batch_size=8, seed=1))
     for name in ("model.safetensors", "adapter_model.safetensors", "tokenizer.json"):
         assert (first.checkpoint_dir / name).read_bytes() == (second.checkpoint_dir / name).read_bytes()
-    assert (first.checkpoint_dir / "model.safetensors").read_bytes() != (other.checkpoint_dir / "model.safetensors").read_bytes()
+    weights = "model.safetensors"
+    assert (first.checkpoint_dir / weights).read_bytes() != (other.checkpoint_dir / weights).read_bytes()
 
 
 # --- the example's MLflow logging (examples/tiny-llm/train.py) ---------------------------------------

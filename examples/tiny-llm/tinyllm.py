@@ -181,8 +181,8 @@ def tokenize_rows(tokenizer: PreTrainedTokenizerFast, rows: list[Example]) -> li
     prompts = tokenizer([r.prompt for r in rows])["input_ids"]
     fulls = tokenizer([f"{r.prompt} {r.expected}" for r in rows])["input_ids"]
     out = []
-    for prompt_ids, full in zip(prompts, fulls):
-        ids = full + [tokenizer.eos_token_id]
+    for prompt_ids, full in zip(prompts, fulls, strict=True):
+        ids = [*full, tokenizer.eos_token_id]
         out.append((ids, [-100] * len(prompt_ids) + ids[len(prompt_ids):]))
     return out
 
@@ -250,7 +250,7 @@ def greedy_generate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
 def exact_match(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, rows: list[Example]) -> float:
     """Share of rows whose greedy answer equals `expected` exactly (after strip)."""
     answers = greedy_generate(model, tokenizer, [r.prompt for r in rows])
-    return sum(a == r.expected for a, r in zip(answers, rows)) / max(len(rows), 1)
+    return sum(a == r.expected for a, r in zip(answers, rows, strict=True)) / max(len(rows), 1)
 
 
 def fix_config(folder: Path) -> None:

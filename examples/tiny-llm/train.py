@@ -21,10 +21,10 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-import tinyllm
+import tinyllm  # noqa: E402 - importable only once its folder is on sys.path
 
-from release.hashing import sha256_file
-from release.store import connect, ensure_experiment, resolve_store
+from release.hashing import sha256_file  # noqa: E402
+from release.store import connect, ensure_experiment, resolve_store  # noqa: E402
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 CHECKPOINT_ARTIFACT = "checkpoint"

@@ -108,7 +108,7 @@ def run_gate(gate: Gate, context: GateContext) -> GateResult:
         return gate.run(context)
     except InputError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a crashing gate must block the release, not abort it
+    except Exception as exc:  # a crashing gate must block the release, not abort it
         trace = context.work_dir / "traceback.txt"
         trace.write_text(traceback.format_exc())
         first_line = (str(exc).splitlines() or [""])[0]

@@ -115,7 +115,8 @@ def check_supported(data: dict[str, Any]) -> None:
     if init not in PLAIN_INITS:
         raise InputError(
             f"{CONFIG_FILE}: init_lora_weights={init!r} changes the base weights when peft loads the adapter",
-            hint="convert it to a plain LoRA adapter: save_pretrained(..., path_initial_model_for_weight_conversion=...)",
+            hint="convert it to a plain LoRA adapter: "
+                 "save_pretrained(..., path_initial_model_for_weight_conversion=...)",
         )
     if data.get("bias", "none") not in BIAS_MODES:
         raise InputError(f"{CONFIG_FILE}: bias={data.get('bias')!r} is not one of {', '.join(BIAS_MODES)}",

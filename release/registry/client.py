@@ -162,7 +162,8 @@ class Registry:
             return self.client.get_model_version(name, version)
         except MlflowException as exc:
             if _not_found(exc):
-                raise InputError(f"{name} v{version} not found", hint=f"`relctl status {name}` lists its aliases")
+                raise InputError(f"{name} v{version} not found",
+                                 hint=f"`relctl status {name}` lists its aliases") from exc
             raise RegistryError(f"cannot read {name} v{version}: {exc.message}") from exc
 
     def find_versions(self, name: str, tag: str, value: str) -> list[ModelVersion]:

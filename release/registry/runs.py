@@ -52,8 +52,8 @@ class ReleaseRun:
     def log_onnx_model(self, model_path: Path, extra_files: list[str], signature: Any,
                        pip_requirements: list[str]) -> Any:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`."""
-        import mlflow.onnx
-        import onnx
+        import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
+        import onnx  # noqa: PLC0415 - onnx loads only when a graph is read
 
         return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model", signature=signature,
                                      pip_requirements=pip_requirements, extra_files=extra_files)

@@ -26,8 +26,10 @@ from pydantic import Field
 from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
 from release.errors import InputError, StageFailed
 from release.faults import pause_point
+from release.runtime import GenaiModel
 from release.stages.base import Stage, StageInputs, StageResult, location
 from release.subprocs import start_child, stop_child
+from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Exporter = Literal["auto", "genai", "torch"]
@@ -109,7 +111,7 @@ def convert(
             notes += align_tokenizer(model_dir, tmp)
             parity = check_tokenizer_parity(model_dir, tmp)
         else:
-            from release.stages.export_torch import export_torch
+            from release.stages.export_torch import export_torch  # noqa: PLC0415 - lazy: release is heavy
 
             export_torch(model_dir, tmp, precision, log_path)
             copy_tokenizer(model_dir, tmp)
@@ -220,7 +222,7 @@ def align_tokenizer(model_dir: Path, out: Path) -> list[str]:
     tokenizers' post-processor really adds, because onnxruntime-extensions looks the BOS id up by the
     bos_token string in that file. Returns notes on what changed.
     """
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer  # noqa: PLC0415 - loaded only when a tokenizer is compared or aligned
 
     source = model_dir / "tokenizer.json"
     if not source.is_file():
@@ -259,9 +261,6 @@ def added_specials(tokenizer: Any) -> tuple[str | None, str | None]:
 
 def check_tokenizer_parity(model_dir: Path, out: Path) -> bool:
     """Whether the converted folder's served tokenizer encodes the probes exactly like the training one."""
-    from release.runtime import GenaiModel
-    from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
-
     served = GenaiModel.load(out)
     return compare_tokenizers(served.encode, model_dir / "tokenizer.json", list(EDGE_STRINGS)).passed
 

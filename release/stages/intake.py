@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from release import checkpoint as ckpt
 from pydantic import Field
 
+from release import checkpoint as ckpt
 from release.errors import InputError
 from release.jsonfile import read_json_file
 from release.lineage import checkpoint_lineage, training_lineage

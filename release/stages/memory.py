@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from release.config import ServingConfig
+from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
@@ -40,8 +41,6 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
     result_type = MemoryResult
 
     def run(self, out: Path) -> MemoryResult:
-        from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
-
         config = json.loads(self.inputs.config_path.read_text())
         serving = ServingConfig.model_validate(self.inputs.settings)
         runtime = self.inputs.runtime_dir

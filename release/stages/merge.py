@@ -148,10 +148,10 @@ def _check_out_dir(out_dir: Path, needed: int) -> None:
 def _write_shards(headers: list[SafetensorsHeader], plan: AdapterPlan, adapter_file: Path, out: Path,
                   progress: MergeProgress | None) -> int:
     # torch is imported here, not at module import, so `relctl --help` and the other stages stay fast.
-    import torch
+    import torch  # noqa: PLC0415 - torch (the models extra) is heavy and optional; only when this path runs
 
-    from release.lora.shards import write_merged_shard
-    from release.lora.workspace import Workspace
+    from release.lora.shards import write_merged_shard  # noqa: PLC0415 - lazy: release is heavy
+    from release.lora.workspace import Workspace  # noqa: PLC0415 - lazy: release is heavy
 
     total = sum(h.path.stat().st_size for h in headers)
     done = 0

@@ -236,7 +236,8 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         if result.outcome == "candidate":
             return f"{self.inputs.model} v{result.version} is the candidate (canary next)"
         previous = result.aliases.get(PREVIOUS, [None, None])[1]
-        return f"{self.inputs.model} v{result.version} is production" + (f" (previous: v{previous})" if previous else "")
+        after = f" (previous: v{previous})" if previous else ""
+        return f"{self.inputs.model} v{result.version} is production{after}"
 
 
 def register_package(registry: Registry, package: PackageManifest, name: str, production: bool) -> tuple[str, str]:

@@ -9,8 +9,8 @@ continuation (max_new_tokens). On that sequence, teacher-forced through model.on
   swings with any quantization noise). Their perplexity is still reported, as prompt_perplexity_*,
   without a threshold.
 greedy_agreement compares the reference continuation with the candidate's own greedy generation through
-onnxruntime-genai and its served tokenizer (what production will do). Validation never raises to block a release: a failing
-candidate returns passed=False with failures naming metric, value and threshold; bad input (a missing
+onnxruntime-genai and its served tokenizer (what production will do). Validation never raises to block a
+release: a failing candidate returns passed=False with failures naming metric, value and threshold; bad input (a missing
 or malformed prompts file, a missing folder) is an InputError.
 """
 
@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
+from tokenizers import Tokenizer
 
 from release.checks import ThresholdCheck
 from release.config import ValidationConfig
@@ -60,7 +61,8 @@ class ValidationReport:
 def load_prompts(path: Path) -> list[str]:
     """Prompts from a JSONL file of {"prompt": "..."} objects; InputError naming the line on any defect."""
     if not path.is_file():
-        raise InputError(f"{path}: prompts file not found", hint="pass a JSONL file with one {\"prompt\": ...} per line")
+        raise InputError(f"{path}: prompts file not found",
+                         hint="pass a JSONL file with one {\"prompt\": ...} per line")
     prompts: list[str] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -90,10 +92,10 @@ def validate(
     """Compare `candidate_dir` with the fp32 `reference_dir` on `prompts`; never raises to block."""
     if not prompts:
         raise InputError("validate: no prompts given", hint="pass the prompts from load_prompts(path)")
-    from tokenizers import Tokenizer
 
     if not training_tokenizer.is_file():
-        raise InputError(f"{training_tokenizer}: training tokenizer not found", hint="pass the checkpoint's tokenizer.json")
+        raise InputError(f"{training_tokenizer}: training tokenizer not found",
+                         hint="pass the checkpoint's tokenizer.json")
     token_ids = [list(Tokenizer.from_file(str(training_tokenizer)).encode(p).ids) for p in prompts]
     reference = GenaiModel.load(reference_dir)
     continuations = [reference.generate_ids(ids, thresholds.max_new_tokens) for ids in token_ids]
@@ -112,7 +114,7 @@ def validate(
     except NonFiniteLogits as exc:
         return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False,
                                 failures=[f"candidate: {exc} (overflow at this precision?)"])
-    except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is evidence, not a relctl crash
+    except Exception as exc:  # a candidate that cannot run is evidence, not a relctl crash
         message = f"candidate: failed to run ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})"
         return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False, failures=[message])
     metrics["tokenizer_parity"] = 1.0 if parity.passed else 0.0
@@ -186,7 +188,7 @@ def greedy_metrics(
     for prompt, ref in zip(prompts, continuations, strict=True):
         cand = candidate.generate(prompt, max_new_tokens).token_ids
         identical += ref == cand
-        matched = next((i for i, (a, b) in enumerate(zip(ref, cand)) if a != b), min(len(ref), len(cand)))
+        matched = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b), min(len(ref), len(cand)))
         prefix_shares.append(matched / max(len(ref), len(cand), 1))
         if len(samples) < 5 or ref != cand:
             samples.append({"prompt": prompt, "reference": ref, "candidate": cand})

@@ -215,8 +215,9 @@ def test_init_works_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> Non
 
 
 def test_the_shipped_release_yaml_template_is_the_generated_one() -> None:
-    """templates/release.yaml is what `relctl init` writes from the schema: regenerate it when the schema moves
-    (`python -c "from release.config_doc import release_yaml_text as t; open('templates/release.yaml','w').write(t())"`)."""
+    """templates/release.yaml is what `relctl init` writes from the schema; regenerate it when the schema moves:
+    python -c "from release.config_doc import release_yaml_text as t; open('templates/release.yaml','w').write(t())"
+    """
     from pathlib import Path
 
     from release.config_doc import release_yaml_text

@@ -11,9 +11,9 @@ import pytest
 
 from gates.base import GateContext, GateResult, ProductionRef
 from gates.eval import EvalGate
+from release.errors import InputError
 from release.gating.plugins import load_gates, run_gates
 from release.gating.report import render_html, render_markdown
-from release.errors import InputError
 
 # Absolute bounds a usable model meets, plus no-regression bounds against production.
 THRESHOLDS: dict[str, Any] = {

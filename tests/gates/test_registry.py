@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from gates.eval import EvalConfig, EvalGate
-from release.gating.plugins import available_gates, load_gates
 from gates.safety import SafetyGate
 from release.errors import ConfigError
+from release.gating.plugins import available_gates, load_gates
 
 
 def config_error(block: dict[str, Any]) -> ConfigError:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gates.base import GateContext, GateResult
-from release.gating.plugins import load_gates, run_gates
-from release.gating.report import render_html, render_markdown
 from gates.safety import DEFAULT_SUITE, SafetyConfig, SafetyGate, load_suite
 from release.errors import ConfigError, InputError
+from release.gating.plugins import load_gates, run_gates
+from release.gating.report import render_html, render_markdown
 
 
 def run_safety(package: Path, work: Path, **config: object) -> GateResult:

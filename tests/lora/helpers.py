@@ -50,7 +50,7 @@ def save_base(folder: Path, config: LlamaConfig | GPT2Config, dtype: torch.dtype
 def _randomize_norms(model: torch.nn.Module, seed: int) -> None:
     # Norm weights start at exactly 1 and biases at 0; random ones make a wrong replacement visible.
     gen = torch.Generator().manual_seed(seed + 1)
-    for name, param in model.named_parameters():
+    for param in model.parameters():
         if param.ndim == 1:
             param.data = param.data + 0.1 * torch.randn(param.shape, generator=gen)
 

@@ -94,7 +94,8 @@ VARIANTS = {
     "lora-bias-bf16": Variant("gpt2", BF16, {"r": 4, "lora_alpha": 8, "target_modules": GPT2_TARGETS,
                                              "lora_bias": True, "bias": "all"}),
     "lora-bias-llama-fp16": Variant("llama", FP16, {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
-                                                    "lora_bias": True}, must_change=("model.layers.0.self_attn.q_proj.bias",)),
+                                                    "lora_bias": True},
+                                    must_change=("model.layers.0.self_attn.q_proj.bias",)),
 }
 
 

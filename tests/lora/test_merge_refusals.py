@@ -102,7 +102,8 @@ def test_adapter_keys_that_match_no_base_tensor_are_refused(base: Path, tmp_path
     adapter = save_adapter(deeper, tmp_path / "adapter", LoraConfig(r=4, target_modules=["q_proj"]))
     err = _refused(base, adapter, tmp_path / "out")
     assert err.message == ("adapter_model.safetensors: tensor 'base_model.model.model.layers.2.self_attn.q_proj"
-                           ".lora_A.weight' matches no base tensor (looked for 'model.layers.2.self_attn.q_proj.weight')")
+                           ".lora_A.weight' matches no base tensor "
+                           "(looked for 'model.layers.2.self_attn.q_proj.weight')")
     assert err.hint == SHAPE_HINT
 
 

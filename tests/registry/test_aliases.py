@@ -83,7 +83,8 @@ def test_rollback_refuses_a_tampered_package(project_dir: Path, tmp_path: Path) 
     v2 = _register(project_dir, tmp_path, 2)
     registry = Registry(resolve_store(project_dir))
     run_id = registry.get_version(MODEL, v1).run_id
-    artifact = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package/model/model.onnx"
+    root = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://"))
+    artifact = root / "package/model/model.onnx"
     artifact.write_bytes(b"tampered")
     result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "rollback", MODEL])
     assert result.exit_code == 2

@@ -73,7 +73,7 @@ def test_a_rollback_killed_after_recording_its_intent_is_abandoned_by_the_next_c
 
 def test_a_rollback_killed_after_moving_the_aliases_is_confirmed_by_the_next_command(
         project_dir: Path, tmp_path: Path) -> None:
-    v1, v2, registry = two_versions(project_dir, tmp_path)
+    v1, _v2, registry = two_versions(project_dir, tmp_path)
     marker = tmp_path / "paused"
     kill_when_paused(relctl_process(project_dir, "rollback", MODEL, pause_at="alias-move:aliases-moved",
                                     marker=marker), marker)
@@ -101,7 +101,7 @@ def test_two_rollbacks_at_once_move_production_once(project_dir: Path, tmp_path:
 
 
 def test_a_move_that_changes_nothing_is_not_recorded(project_dir: Path, tmp_path: Path) -> None:
-    v1, v2, registry = two_versions(project_dir, tmp_path)
+    _v1, v2, registry = two_versions(project_dir, tmp_path)
     before = len(registry.history(MODEL))
     assert registry.move_aliases(MODEL, {"production": v2}, "promote", "same again", None) is None
     assert len(registry.history(MODEL)) == before

@@ -50,7 +50,7 @@ def test_garbage_header_is_refused(folder: Path) -> None:
 
 def test_missing_config_is_refused_never_defaulted(folder: Path) -> None:
     (folder / "config.json").unlink()
-    with pytest.raises(InputError, match="config.json is missing") as info:
+    with pytest.raises(InputError, match=r"config\.json is missing") as info:
         check_checkpoint(folder)
     assert info.value.hint and "config.json" in info.value.hint
 
@@ -68,15 +68,15 @@ def test_sharded_index_must_match_shards(folder: Path) -> None:
     index = {"metadata": {}, "weight_map": {"a.weight": "model-00001-of-00001.safetensors",
                                             "c.weight": "model-00001-of-00001.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(InputError, match="tensor 'c.weight' is mapped to"):
+    with pytest.raises(InputError, match=r"tensor 'c\.weight' is mapped to"):
         check_checkpoint(folder)
     index["weight_map"] = {"a.weight": "model-00001-of-00001.safetensors", "b.weight": "model-00002.safetensors"}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(InputError, match="lists shard model-00002.safetensors"):
+    with pytest.raises(InputError, match=r"lists shard model-00002\.safetensors"):
         check_checkpoint(folder)
 
 
 def test_adapter_without_weights_is_refused(folder: Path) -> None:
     (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
-    with pytest.raises(InputError, match="no adapter_model.safetensors"):
+    with pytest.raises(InputError, match=r"no adapter_model\.safetensors"):
         check_checkpoint(folder)

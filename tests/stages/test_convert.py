@@ -130,7 +130,7 @@ def test_refuses_folder_without_config_json(tmp_path: Path, tiny_base_only: Path
     shutil.copytree(tiny_base_only, broken)
     (broken / "config.json").unlink()
     out = tmp_path / "out"
-    with pytest.raises(InputError, match="config.json is missing") as info:
+    with pytest.raises(InputError, match=r"config\.json is missing") as info:
         convert(broken, out, "fp32")
     assert info.value.hint and "config.json" in info.value.hint
     assert not out.exists() and not out.with_name("out.partial").exists()
@@ -223,6 +223,6 @@ def test_torch_exporter_for_other_architectures(
 
 
 def test_torch_exporter_refuses_genai_for_unsupported_architecture(tmp_path: Path, tiny_bert: Path) -> None:
-    with pytest.raises(InputError, match="BertForSequenceClassification.*not supported") as info:
+    with pytest.raises(InputError, match=r"BertForSequenceClassification.*not supported") as info:
         convert(tiny_bert, tmp_path / "out", "fp32", exporter="genai")
     assert info.value.hint and "torch" in info.value.hint

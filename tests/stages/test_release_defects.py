@@ -21,7 +21,7 @@ from release.registry import Registry
 from release.registry import tags as T
 from release.store import resolve_store
 from tests.registry.test_crash_and_race import kill_when_paused, relctl_process
-from tests.stages.test_promote import EXAMPLE, MODEL, load_train_module
+from tests.stages.test_promote import MODEL, load_train_module
 
 pytestmark = pytest.mark.slow
 

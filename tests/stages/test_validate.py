@@ -125,7 +125,7 @@ def test_a_candidate_that_cannot_run_fails_without_raising(
 
 
 def test_missing_candidate_folder_is_bad_input(tmp_path: Path, builds: dict[str, Path], prompts: list[str]) -> None:
-    with pytest.raises(InputError, match="genai_config.json is missing"):
+    with pytest.raises(InputError, match=r"genai_config\.json is missing"):
         run({**builds, "none": tmp_path}, "none", prompts, ValidationConfig())
 
 
