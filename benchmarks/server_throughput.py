@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import statistics
@@ -109,7 +110,7 @@ def run_engine(model: Any, tokenizer: Any, texts: list[str], concurrency: int, p
                 if entry["first"] is None and entry["stream"].decode(int(event.token)):
                     entry["first"] = time.perf_counter()
             if event.flags & og.EngineEventFlags.TURN_FINISHED:
-                ttfts.append(entry["first"] - entry["sent"])
+                ttfts.append(entry["first"] - entry["sent"] if entry["first"] is not None else math.nan)
                 entry["request"].close()
                 del live[id(event.request)]
                 if todo:
@@ -154,8 +155,8 @@ class LeanClient:
             found = self.USAGE.search(data)
             if found:
                 count = int(found.group(1))
-        assert first is not None
-        return first - sent, count, timing
+        # No text at all in a short answer: NaN, which the paired TTFT leaves out (and throughput refuses).
+        return (first - sent if first is not None else float("nan")), count, timing
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -185,6 +186,7 @@ def run_served(url: str, texts: list[str], concurrency: int, per_client: int, to
 
     out, wall = asyncio.run(level())
     assert all(count == tokens for _, count, _ in out), [c for _, c, _ in out]
+    assert tokens < 32 or not any(math.isnan(t) for t, _, _ in out), "a long answer without any text"
     return [t for t, _, _ in out], sum(c for _, c, _ in out), wall, [h for _, _, h in out]
 
 
@@ -200,19 +202,21 @@ def server_timing(headers: Iterable[str]) -> dict[str, float]:
 def paired_ttft(model: Any, tokenizer: Any, servers: dict[str, ServerProcess], texts: list[str],
                 count: int) -> dict[str, Any]:
     """TTFT at concurrency 1, paired: each prompt in-process, then through each server, one request at a
-    time (4 output tokens); the added TTFT is the median of the per-prompt differences, so load drift
-    between prompts cancels out."""
+    time (8 output tokens); the added TTFT is the median of the per-prompt differences, so load drift
+    between prompts cancels out. A prompt whose answer has no text on some side is left out."""
     ttfts: dict[str, list[float]] = {"engine": [], **{name: [] for name in servers}}
     timing: dict[str, list[str]] = {name: [] for name in servers}
     for i in range(count):
         text = texts[i % len(texts)]
-        ttfts["engine"].append(run_engine(model, tokenizer, [text], 1, 1, 4)[0][0])
+        ttfts["engine"].append(run_engine(model, tokenizer, [text], 1, 1, 8)[0][0])
         for name, server in servers.items():
-            got = run_served(server.url, [text], 1, 1, 4)
+            got = run_served(server.url, [text], 1, 1, 8)
             ttfts[name].append(got[0][0])
             timing[name].extend(got[3])
+    keep = [i for i in range(count) if not any(math.isnan(v[i]) for v in ttfts.values())]
+    ttfts = {k: [v[i] for i in keep] for k, v in ttfts.items()}
     return {
-        "requests": count,
+        "requests": count, "pairs_with_text": len(keep),
         "ttft_ms_p50": {k: round(statistics.median(v) * 1e3, 2) for k, v in ttfts.items()},
         "added_ms_p50": {name: round(statistics.median(s - e for s, e in zip(ttfts[name], ttfts["engine"],
                                                                            strict=True)) * 1e3, 2)

@@ -36,6 +36,7 @@ class Live:
     stops: StopMatcher
     started: float
     count: int = 0
+    running: bool = False  # in the batch the engine is stepping (it has had a token), not waiting for one
     done: bool = False
     cancelled_for: str | None = None  # timeout or cancelled, once cancel_turn was asked for
 
@@ -52,8 +53,9 @@ class BatchStats:
 class BatchEngine:
     """og.Engine behind a thread: `submit(job)` from any thread; `close()` stops the driver."""
 
-    def __init__(self, og: Any, model: Any, tokenizer: Any, eos_ids: frozenset[int]) -> None:
+    def __init__(self, og: Any, model: Any, tokenizer: Any, eos_ids: frozenset[int], gather_s: float = 0.005) -> None:
         self._og = og
+        self._gather_s = gather_s
         self._tokenizer = tokenizer
         self._eos = eos_ids
         self._flags = og.EngineEventFlags
@@ -114,12 +116,24 @@ class BatchEngine:
             for job in arrived:
                 self._begin(job)
             self._check_cancels()
-            if self._live and self.healthy:
-                self._step()
+            if self._live and self.healthy and self._step():
+                self._flush()
+                self._gather()
             self._flush()
         for live in list(self._live.values()):
             self._end(live, Finished("cancelled", live.count, live.started - live.job.admitted))
         self._flush()
+
+    def _gather(self) -> None:
+        """A batch has just ended and the next one forms at the next step from the requests waiting then.
+        Clients of the requests that just finished send their next one within a few ms; without this
+        short wait each batch would start just before they arrive (two closed-loop clients would take
+        turns in batches of one). An idle server never waits: this runs only while requests wait."""
+        deadline = time.monotonic() + self._gather_s
+        with self._wake:
+            while (len(self._inbox) + len(self._live) < self.max_batch_size and not self._closing
+                   and (left := deadline - time.monotonic()) > 0):
+                self._wake.wait(left)
 
     def _send(self, job: Job, event: str | Finished) -> None:
         self._outbox.append((job, event))
@@ -184,14 +198,16 @@ class BatchEngine:
                 except Exception:  # already finishing: its last event ends it
                     log.debug("request %s: cancel_turn refused", live.job.rid, exc_info=True)
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; True when it ended a batch (nothing running any more) while requests wait."""
+        running_before = any(live.running for live in self._live.values())
         if not self.engine.has_pending_requests():
             # Nothing left to run: requests still listed have had their last event (or never will).
             for live in list(self._live.values()):
                 self._end(live, Finished("error", live.count, live.started - live.job.admitted,
                                          "the batching engine dropped the request"))
                 self._close(live)
-            return
+            return False
         try:
             events = self.engine.run(self._buffer)
         except Exception as exc:  # the engine is unusable now: every resident request ends with the error
@@ -201,7 +217,7 @@ class BatchEngine:
             for live in list(self._live.values()):
                 self._end(live, Finished("error", live.count, live.started - live.job.admitted,
                                          f"{type(exc).__name__}: {exc}"))
-            return
+            return False
         self.stats.steps += 1
         for event in events:
             owner = self._live.get(id(event.request))
@@ -212,9 +228,12 @@ class BatchEngine:
             elif event.flags & (self._flags.TURN_FINISHED | self._flags.FAILED):
                 self._close(owner)  # a turn cancelled after its stop string: now it may leave
         self.stats.resident = len(self._live)
+        waiting = any(not live.running and not live.done for live in self._live.values())
+        return running_before and waiting and not any(live.running and not live.done for live in self._live.values())
 
     def _on_event(self, live: Live, event: Any) -> None:
         flags = event.flags
+        live.running = True
         queue_s = live.started - live.job.admitted
         if flags & self._flags.FAILED:
             self._end(live, Finished("error", live.count, queue_s, f"engine error {event.error_code.name}"))

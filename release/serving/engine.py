@@ -82,7 +82,8 @@ class Engine:
         if mode == "off":
             return None, "off (serving.server.batching)"
         try:
-            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids)
+            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids,
+                                gather_s=self.settings.batch_gather_ms / 1e3)
         except Exception as exc:  # the Engine refuses models it cannot schedule (model-managed KV cache...)
             if mode == "on":
                 raise InputError(f"{model_dir.parent.name}: batching is on, but onnxruntime-genai's Engine cannot "

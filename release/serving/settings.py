@@ -36,6 +36,8 @@ class ServerSettings(BaseModel):
         default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
         "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")
     max_batch_size: int = Field(default=8, ge=1, le=256, description="requests the batching engine runs at once")
+    batch_gather_ms: float = Field(default=5.0, ge=0, le=1000, description="when a batch ends while requests "
+                                   "wait, how long to wait for more before the next one starts")
     intra_op_threads: int | None = Field(
         default=None, ge=1, le=256, description="ONNX Runtime threads per model step; default: ONNX Runtime's "
         "(one per core, spinning between steps, which starves the server's own threads on a small machine)")
