@@ -143,7 +143,12 @@ class Registry:
 
     def ensure_model(self, name: str, description: str) -> None:
         if not self.model_exists(name):
-            self.client.create_registered_model(name, description=description)
+            try:
+                self.client.create_registered_model(name, description=description)
+            except MlflowException as exc:
+                # Another relctl created it between the check and the create (two first promotes at once).
+                if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise RegistryError(f"cannot create registered model '{name}': {exc.message}") from exc
 
     def aliases(self, name: str) -> dict[str, str]:
         return {alias: str(v) for alias, v in self.client.get_registered_model(name).aliases.items()}

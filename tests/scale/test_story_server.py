@@ -78,8 +78,7 @@ def check_history(name: str, aliases: dict[str, str], moves: list[AliasMove]) ->
 
 
 @pytest.fixture(scope="module")
-def runs(scale_registry: ScaleRegistry, tiny_run: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        dict[str, Any]]:
+def runs(scale_registry: ScaleRegistry, tiny_run: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Two training runs of the example logged through the server (username/password credentials)."""
     train = load_train_module()
     project = tmp_path_factory.mktemp("scale-story")
@@ -89,7 +88,7 @@ def runs(scale_registry: ScaleRegistry, tiny_run: Any, tmp_path_factory: pytest.
         run1 = train.log_run(tiny_run, project, experiment="scale-tiny-llm")
         run2 = train.log_run(perturbed(tiny_run, tmp_path_factory.mktemp("run2")), project,
                              experiment="scale-tiny-llm")
-        yield {"project": project, "runs": (run1, run2), "env": dict(scale_registry.client_env("password"))}
+    return {"project": project, "runs": (run1, run2), "env": dict(scale_registry.client_env("password"))}
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +134,12 @@ def test_story_promote_promote_rollback_history(story: dict[str, Any], runs: dic
 
 
 @pytest.fixture(scope="module")
-def concurrent(runs: dict[str, Any], scale_registry: ScaleRegistry,
+def concurrent(runs: dict[str, Any], story: dict[str, Any], scale_registry: ScaleRegistry,
                tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """4 `relctl promote` processes started together: models A and B, each with runs 1 and 2."""
+    """4 `relctl promote` processes started together: models A and B, each with runs 1 and 2.
+
+    After the story (whatever the test order), so its finished stages seed every process's project.
+    """
     project = runs["project"]
     tag = secrets.token_hex(3)
     models = (f"scale-a-{tag}", f"scale-b-{tag}")
@@ -147,11 +149,9 @@ def concurrent(runs: dict[str, Any], scale_registry: ScaleRegistry,
         config.write_text(RELEASE_YAML.format(model=model))
         for run in runs["runs"]:
             # Each process works in its own project copy (stage folders are per project), seeded with
-            # the story's finished stages when they exist so the processes spend their time registering.
+            # the story's finished stages, so the processes spend their time registering, at once.
             own = tmp_path_factory.mktemp("concurrent")
-            work = project / ".relctl" / "work"
-            if work.is_dir():
-                shutil.copytree(work, own / ".relctl" / "work")
+            shutil.copytree(project / ".relctl" / "work", own / ".relctl" / "work")
             procs.append((model, run, own, subprocess.Popen(
                 [*RELCTL, "--project-dir", str(own), "promote", run, "--config", str(config)],
                 env=relctl_env(scale_registry, "userinfo"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
