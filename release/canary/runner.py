@@ -171,7 +171,8 @@ def _wait_for_step(router: Router, driver: TrafficDriver, label: str, config: Ca
         # the samples its rule needs on both sides, so a 10% step is judged instead of inconclusive.
         if done >= config.step_requests and now - counted >= COUNT_POLL_S:
             counted = now
-            if _enough(records_data(records, label, config.shadow, expected), config):
+            data = records_data(records, label, config.shadow, expected)
+            if _enough(data, config) or _critical_failure(data, config):
                 break
         time.sleep(POLL_S)
     return should_stop() if should_stop is not None else None
@@ -182,6 +183,16 @@ def _enough(data: dict[str, tuple[Any, Any]], config: CanaryConfig) -> bool:
         if name in data and min(_count(side) for side in data[name]) < rule.min_samples:
             return False
     return True
+
+
+def _critical_failure(data: dict[str, tuple[Any, Any]], config: CanaryConfig) -> bool:
+    """A critical metric already fails on its own full data: waiting for the others cannot save the step
+    (a candidate that answers nothing never gives TPOT samples)."""
+    critical = {name: rule for name, rule in config.metrics.items() if rule.critical and name in data}
+    if not critical:
+        return False
+    judged = judge_step(critical, data, config.confidence, config.pass_score)
+    return any(m.verdict == "fail" for m in judged.metrics)
 
 
 def _count(side: Any) -> int:
