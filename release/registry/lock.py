@@ -74,6 +74,8 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait_s: float = D
             if not (_exists_error(exc) or _busy_error(exc) or _missing_error(exc)):
                 raise RegistryError(f"cannot take the alias lock of '{model}': {exc.message}") from exc
         holder = _holder(client, name)
+        if holder is not None and holder.get("nonce") == nonce:
+            break  # our own create went through and MLflow's retry of it (after a lost answer) collided
         if holder is not None and _stale(holder):
             _break(client, name, holder)
             continue
