@@ -120,12 +120,15 @@ def test_unsupported_openai_fields_are_refused_by_name(server: ServerProcess) ->
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
 
 
-def test_a_failing_generation_ends_its_request_at_once(tiny_package: Path) -> None:
-    """If a parameter ever slips past validation, the generation thread's exception ends the request with
-    a 500 (whole) or an SSE error event (stream), counted and logged; its slot comes back."""
+@pytest.mark.parametrize("batching", ["on", "off"])
+def test_a_failing_generation_ends_its_request_at_once(tiny_package: Path, batching: str) -> None:
+    """If a parameter ever slips past validation, the generation's exception (batching engine or generator
+    thread) ends the request with a 500, counted and logged; its slot comes back."""
     manifest = verify_package(tiny_package)
     package = ServedPackage(manifest, Identity("tiny-llm", "unregistered", manifest.serving_config_hash))
-    state = load_state(package, ServerSettings(workers=1, queue_size=0, request_timeout_s=30), tiny_package)
+    settings = ServerSettings(workers=1, queue_size=0, request_timeout_s=30, batching=batching,  # type: ignore[arg-type]
+                              max_batch_size=1)
+    state = load_state(package, settings, tiny_package)
     engine = state.engine
     # A validation gap, made on purpose: the model's real vocabulary is 320, so top_k=1000 fails in C++.
     engine.limits = ModelLimits(vocab_size=10_000, context_length=engine.context_length)
