@@ -39,7 +39,7 @@ postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
 
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
-# Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly -p "randomly_seed=N"`
+# Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly --randomly-seed=N`
 # replays it), so no test depends on another having run first.
 test: install browser tools postgres lint
 	$(BIN)/pytest -q

@@ -90,7 +90,8 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert "top1_agreement" in mv.description
     # Gates ran before registration and are summarized on the version.
     assert [(g["gate"], g["status"]) for g in report["gates"]] == [("eval", "pass"), ("safety", "pass"),
-                                                                   ("load", "pass")]
+                                                                   ("load", "pass"), ("canary", "skipped")]
+    assert report["gates"][3]["reason"] == "no production version (first release)"
     load = report["gates"][2]
     assert load["metrics"]["error_rate"] == 0.0 and load["metrics"]["cost_per_million_tokens"] > 0
     assert mv.tags["gate.eval.status"] == "pass" and mv.tags["gate.safety.status"] == "pass"
@@ -103,7 +104,9 @@ def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> 
     assert second.exit_code == 0, second.output + second.stderr
     report = json.loads(second.stdout)
     assert report["version"] == "2"
-    assert report["aliases"] == {"production": ["1", "2"], "previous": [None, "1"]}
+    # The example's release.yaml has a canary: v2 was `candidate` until it passed, then one move did it all.
+    assert report["aliases"] == {"production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]}
+    assert next(g for g in report["gates"] if g["gate"] == "canary")["status"] == "pass"
 
 
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
@@ -111,9 +114,10 @@ def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     assert result.exit_code == 0, result.output
     assert aliases == {"production": "1"}
     moves = json.loads(history.stdout)
-    assert [(m["action"], m["changes"]["production"]) for m in moves] == [
-        ("promote", [None, "1"]), ("promote", ["1", "2"]), ("rollback", ["2", "1"])]
-    assert moves[0]["release_run"] and moves[1]["release_run"] != moves[0]["release_run"]
+    assert [(m["action"], m["changes"].get("production")) for m in moves] == [
+        ("promote", [None, "1"]), ("candidate", None), ("canary", ["1", "2"]), ("rollback", ["2", "1"])]
+    assert moves[1]["changes"] == {"candidate": [None, "2"]} and moves[2]["changes"]["candidate"] == ["2", None]
+    assert moves[0]["release_run"] and moves[2]["release_run"] != moves[0]["release_run"]
     status = json.loads(status_result.stdout)
     assert status["aliases"]["production"]["training_run"] == story["runs"][0]
 
