@@ -160,12 +160,15 @@ def overhead(base: str, tmp: Path, rounds: int, requests: int, rate: float) -> d
 
 
 def cli_default(base: str, tmp: Path) -> dict[str, Any]:
+    (tmp / "cli").mkdir(exist_ok=True)
     cmd = [str(Path(sys.executable).parent / "relctl"), "--project-dir", str(tmp / "cli"), "canary",
            "--production-url", url(base, "1"), "--candidate-url", url(base, "2"), "--json"]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     report = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"relctl canary: exit {done.returncode}: {done.stderr.strip()[-500:]}")
     return {"exit_code": done.returncode, "wall_s": wall, "outcome": report.get("outcome"),
             "checks": len(report.get("checks", [])), "target": "< 120 s"}
 

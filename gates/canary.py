@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from gates.base import GateContext, GateResult, GateStatus, ThresholdCheck
+from gates.base import GateContext, GatePhase, GateResult, GateStatus, ThresholdCheck
 from release.canary.judge import MetricResult
 from release.canary.plots import plot_checks
 from release.canary.runner import CanaryResult, run_canary
@@ -26,7 +26,7 @@ class CanaryGate:
 
     id: ClassVar[str] = "canary"
     Config: ClassVar[type[BaseModel]] = CanaryConfig
-    phase: ClassVar[str] = "after_register"
+    phase: ClassVar[GatePhase] = "after_register"
 
     def __init__(self, config: CanaryConfig) -> None:
         self.config = config
