@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import git
-from mlflow.entities import Run
+
+if TYPE_CHECKING:  # the type only: lineage reads a run MLflow already returned
+    from mlflow.entities import Run
 
 from release.hashing import sha256_file
 

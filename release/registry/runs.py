@@ -14,13 +14,18 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import numpy as np
+import onnx
 import psutil
 from mlflow.entities import RunStatus
+from mlflow.models.signature import ModelSignature
 from mlflow.tracking import MlflowClient
+from mlflow.types.schema import Schema, TensorSpec
 
 from release.registry import tags as T
 
@@ -49,14 +54,32 @@ class ReleaseRun:
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
         mlflow.log_artifacts(str(folder), artifact_path)
 
-    def log_onnx_model(self, model_path: Path, extra_files: list[str], signature: Any,
-                       pip_requirements: list[str]) -> Any:
-        """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`."""
+    def log_onnx_model(self, model_path: Path, extra_files: list[str]) -> Any:
+        """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
+        TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc."""
         import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
-        import onnx  # noqa: PLC0415 - onnx loads only when a graph is read
 
-        return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model", signature=signature,
-                                     pip_requirements=pip_requirements, extra_files=extra_files)
+        return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model",
+                                     signature=onnx_signature(model_path), pip_requirements=runtime_requirements(),
+                                     extra_files=extra_files)
+
+
+def onnx_signature(model_path: Path) -> ModelSignature:
+    """Named TensorSpecs for every graph input and output; symbolic dims become -1."""
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+
+    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
+        ttype = value.type.tensor_type
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
+        return TensorSpec(dtype, shape, value.name)
+
+    return ModelSignature(inputs=Schema([spec(v) for v in graph.input]),
+                          outputs=Schema([spec(v) for v in graph.output]))
+
+
+def runtime_requirements() -> list[str]:
+    return [f"{name}=={dist_version(name)}" for name in ("onnx", "onnxruntime", "onnxruntime-genai")]
 
 
 def _owner_tags() -> dict[str, str]:

@@ -14,14 +14,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-import onnx
-from mlflow.models.signature import ModelSignature
-from mlflow.types.schema import Schema, TensorSpec
 from pydantic import Field
 
 from release.errors import RegistryError
@@ -43,25 +38,6 @@ NOT_CHECKED = "unchecked"
 
 class ProductionMoved(RegistryError):
     """Production changed while the gates ran: their comparison no longer holds (exit 4)."""
-
-
-def onnx_signature(model_path: Path) -> ModelSignature:
-    """Named TensorSpecs for every graph input and output; symbolic dims become -1."""
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-
-    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
-        ttype = value.type.tensor_type
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type))
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
-        return TensorSpec(dtype, shape, value.name)
-
-    return ModelSignature(
-        inputs=Schema([spec(v) for v in graph.input]), outputs=Schema([spec(v) for v in graph.output])
-    )
-
-
-def runtime_requirements() -> list[str]:
-    return [f"{name}=={dist_version(name)}" for name in ("onnx", "onnxruntime", "onnxruntime-genai")]
 
 
 def content_sha256(package: PackageManifest) -> str:
@@ -124,7 +100,7 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
     extras = [str(p) for p in sorted(package.model_dir.iterdir())
               if p.is_file() and not p.name.startswith("model.onnx")] + [str(package.root / MANIFEST)]
     model_path = package.model_dir / "model.onnx"
-    info = run.log_onnx_model(model_path, extras, onnx_signature(model_path), runtime_requirements())
+    info = run.log_onnx_model(model_path, extras)
     tags = version_tags(lineage, package, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state,
                                            T.PACKAGE_URI: f"runs:/{run.run_id}/{PACKAGE_ARTIFACT}", **extra})
     registry.ensure_model(name, description="Served by relctl. Versions are promoted from training runs.")
