@@ -11,8 +11,9 @@ if TYPE_CHECKING:  # the type only: lineage reads a run MLflow already returned
     from mlflow.entities import Run
 
 from release.hashing import sha256_file
+from release.registry import tags as T
 
-GIT_COMMIT_TAG = "mlflow.source.git.commit"
+GIT_COMMIT_TAG = T.TRAINING_GIT_COMMIT
 
 
 def training_lineage(run: Run) -> dict[str, Any]:
@@ -21,7 +22,7 @@ def training_lineage(run: Run) -> dict[str, Any]:
     datasets = []
     for dataset_input in run.inputs.dataset_inputs if run.inputs else []:
         ds = dataset_input.dataset
-        context = next((t.value for t in dataset_input.tags if t.key == "mlflow.data.context"), None)
+        context = next((t.value for t in dataset_input.tags if t.key == T.DATASET_CONTEXT), None)
         datasets.append({"name": ds.name, "digest": ds.digest, "context": context})
     data_hashes = {k.removeprefix("data.").removesuffix(".sha256"): v for k, v in tags.items()
                    if k.startswith("data.") and k.endswith(".sha256")}
@@ -30,7 +31,7 @@ def training_lineage(run: Run) -> dict[str, Any]:
         "experiment_id": run.info.experiment_id,
         "run_name": run.info.run_name,
         "git_commit": tags.get(GIT_COMMIT_TAG),
-        "git_dirty": tags.get("git.dirty"),
+        "git_dirty": tags.get(T.TRAINING_GIT_DIRTY),
         "datasets": datasets,
         "data_sha256": data_hashes,
         "params": dict(run.data.params),
