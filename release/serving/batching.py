@@ -182,8 +182,13 @@ class BatchEngine:
         if params.temperature > 0:
             options.set_do_sample(True)
             options.set_temperature(params.temperature)
-            options.set_top_p(params.top_p)
-            options.set_top_k(params.top_k)
+            # The Engine keeps top_p in float32: a positive top_p below float32's range becomes 0, which it
+            # refuses. Any top_p that small keeps only the most likely token, which is exactly top_k = 1.
+            if float(np.float32(params.top_p)) <= 0.0:
+                options.set_top_k(1)
+            else:
+                options.set_top_p(params.top_p)
+                options.set_top_k(params.top_k)
         else:
             options.set_do_sample(False)
         return options

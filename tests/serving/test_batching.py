@@ -123,3 +123,12 @@ def test_server_reports_its_batch_size(tiny_package: Path, tmp_path: Path) -> No
         mean = float(next(line.split()[1] for line in metrics.splitlines()
                           if line.startswith("relctl_batch_mean_size ")))
         assert mean > 1.5, metrics
+
+
+def test_a_top_p_below_float32_range_keeps_the_top_token(engines: tuple[Engine, Engine]) -> None:
+    # Found by the schemathesis fuzz: top_p=5e-324 is positive, but 0 in the Engine's float32 (a 500).
+    batched, threads = engines
+    tiny = params(temperature=1.0, top_p=5e-324)
+    (text, finished), = run_all(batched, [(PROMPTS[0], tiny)])
+    (greedy, _), = run_all(threads, [(PROMPTS[0], params())])
+    assert finished.reason == "length" and text == greedy
