@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "tiny", "model", "serves", "requests", "on", "a", "small", "machine", "with", "numbers", "one", "two", "three", "and", "letters", "alpha", "beta", "gamma", "delta"]
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "tiny", "model",
+    "serves", "requests", "on", "a", "small", "machine", "with", "numbers", "one", "two", "three", "and",
+    "letters", "alpha", "beta", "gamma", "delta",
+]
 
 
 def build_hf_model(out: Path, hidden: int = 64, layers: int = 2, context: int = 2048) -> Path:
