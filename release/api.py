@@ -78,8 +78,9 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         verified.add(target)
 
     # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
-    guess = to_version or registry.aliases(model).get(PREVIOUS)
-    if guess is not None and guess != registry.aliases(model).get(PRODUCTION):
+    seen = registry.aliases(model)
+    guess = to_version or seen.get(PREVIOUS)
+    if guess is not None and guess != seen.get(PRODUCTION):
         verify(guess)
 
     def decide(aliases: dict[str, str]) -> dict[str, str | None]:

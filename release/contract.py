@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlflow.entities import Run
+
 from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
 from release.gating.contract import Gate, Problem, missing_file, preflight
@@ -28,6 +30,7 @@ from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
 @dataclass
 class ContractReport:
     run_id: str
+    run: Run | None = None            # the training run as read for the check (promote goes on with it)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     found: dict[str, bool] = field(default_factory=dict)
@@ -37,7 +40,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
               config_dir: Path | None) -> ContractReport:
     """Every problem with `run_id` and the release configuration, without downloading anything."""
     report = ContractReport(run_id)
-    run = registry.get_run(run_id)  # a missing run is its own, single error
+    run = report.run = registry.get_run(run_id)  # a missing run is its own, single error
     ckpt = cfg.source.artifact_path
     files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt)}
     report.found["checkpoint"] = bool(files)

@@ -75,7 +75,7 @@ class Promotion:
             raise InputProblems([(p.message, p.hint) for p in contract.problems])
         for warning in contract.warnings:
             self.progress.note(warning)
-        training = self.registry.get_run(run_id)
+        training = contract.run or self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
             self.progress.note(note)

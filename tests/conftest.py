@@ -46,6 +46,15 @@ def load_tinyllm() -> ModuleType:
     return module
 
 
+def load_train_module() -> ModuleType:
+    """Import examples/tiny-llm/train.py by path: its log_run() logs a trained run the way the example does."""
+    spec = importlib.util.spec_from_file_location("tiny_llm_train", TINYLLM_PATH.with_name("train.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def tinyllm() -> ModuleType:
     return load_tinyllm()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -20,6 +19,7 @@ from mlflow import MlflowClient
 from transformers import AutoConfig, AutoTokenizer
 
 from release.store import resolve_store
+from tests.conftest import load_train_module
 
 TRAIN_PATH = Path(__file__).resolve().parent.parent / "examples" / "tiny-llm" / "train.py"
 
@@ -124,14 +124,6 @@ def test_same_seed_gives_identical_weights(tmp_path: Path, tinyllm: ModuleType) 
 
 
 # --- the example's MLflow logging (examples/tiny-llm/train.py) ---------------------------------------
-
-
-def load_train_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tiny_llm_train", TRAIN_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def sha256(path: Path) -> str:

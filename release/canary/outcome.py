@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from gates.base import GateResult
 from release.canary.runner import CanaryResult
-from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
+from release.registry import tags as T
+from release.stages.register import ProductionMoved, promote_version
 
-REJECTED_TAG = "relctl.rejected"
-CANARY_TAG = "relctl.canary"
+REJECTED_TAG = T.REJECTED
+CANARY_TAG = T.CANARY
 
 
 def canary_outcome(result: CanaryResult | GateResult) -> tuple[str, str]:
@@ -34,13 +36,17 @@ def finish_canary(registry: Registry, model: str, candidate_version: str, produc
     wins and the candidate is only un-aliased.
     """
     outcome, reason = canary_outcome(result)
-    current = registry.aliases(model).get(PRODUCTION)
-    if outcome == "pass" and current == production_version:
-        registry.set_version_tag(model, candidate_version, CANARY_TAG, f"pass: {reason}"[:5000])
-        changes: dict[str, str | None] = {PRODUCTION: candidate_version, PREVIOUS: production_version,
-                                          CANDIDATE: None}
-        return registry.move_aliases(model, changes, "canary", f"canary passed: {reason}", release_run)
     if outcome == "pass":
+        # The same compare-and-set under the model's lease as promote's register: production must still
+        # be the version the canary compared with when the aliases move, not only when it was read.
+        try:
+            move, _ = promote_version(registry, model, candidate_version, f"canary passed: {reason}", release_run,
+                                      expected_production=production_version, clear_candidate=True, action="canary")
+            registry.set_version_tag(model, candidate_version, CANARY_TAG, f"pass: {reason}"[:5000])
+            return move
+        except ProductionMoved:
+            pass
+        current = registry.aliases(model).get(PRODUCTION)
         result_reason = f"production moved to v{current} during the canary; it wins"
         registry.set_version_tag(model, candidate_version, CANARY_TAG, f"stopped: {result_reason}")
         return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", result_reason, release_run)

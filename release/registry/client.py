@@ -115,8 +115,9 @@ class Registry:
         return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
 
     def release_run(self, model: str, run_name: str, tags: dict[str, str]) -> AbstractContextManager[runs.ReleaseRun]:
-        mlflow.set_experiment(experiment_id=self.releases_experiment())
-        return runs.release_run(self.releases_experiment(), run_name, {T.MODEL: model, **tags})
+        experiment_id = self.releases_experiment()
+        mlflow.set_experiment(experiment_id=experiment_id)
+        return runs.release_run(experiment_id, run_name, {T.MODEL: model, **tags})
 
     def reap_dead_runs(self, model: str) -> list[str]:
         return runs.reap_dead_runs(self.client, self.releases_experiment(), model)

@@ -36,6 +36,8 @@ CONTENT_SHA256 = "relctl.package_content_sha256"
 RELEASE_STATE = "relctl.release_state"
 GATES_NOTE = "relctl.gates"
 REJECTED_REASON = "relctl.rejected_reason"
+REJECTED = "relctl.rejected"                # `relctl canary MODEL`: why the canary rejected the version
+CANARY = "relctl.canary"                    # `relctl canary MODEL`: the canary's outcome and reason
 EXPORTER_PREFIX = "relctl.exporter."
 
 GIT_COMMIT = "lineage.git_commit"

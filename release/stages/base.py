@@ -34,6 +34,12 @@ def location() -> Any:
     return Field(exclude=True)
 
 
+def output_folder(out: Path, into: str) -> Path:
+    """Where a stage writes inside its folder: `into` below it ("" for the folder itself, as the subcommands
+    ask, which write straight into the user's OUT)."""
+    return out / into if into else out
+
+
 class StageInputs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -27,7 +27,7 @@ from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_
 from release.errors import InputError, StageFailed
 from release.faults import pause_point
 from release.runtime import GenaiModel
-from release.stages.base import Stage, StageInputs, StageResult, location
+from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 from release.subprocs import start_child, stop_child
 from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
@@ -327,7 +327,7 @@ class ConvertStage(Stage[ConvertInputs, ConvertOutputs]):
         return self._label
 
     def run(self, out: Path) -> ConvertOutputs:
-        target = out / self.inputs.into if self.inputs.into else out
+        target = output_folder(out, self.inputs.into)
         result = convert(self.inputs.checkpoint, target, self.inputs.precision, exporter=self.inputs.exporter,
                          execution_provider=self.inputs.execution_provider)
         return ConvertOutputs(model=self.inputs.into, precision=result.precision, exporter=result.exporter,

@@ -31,7 +31,7 @@ from release.errors import InputError, StageFailed
 from release.faults import pause_point
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.settings import read_settings
-from release.stages.base import Stage, StageInputs, StageResult, location
+from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -257,7 +257,7 @@ class MergeStage(Stage[MergeInputs, MergeResult]):
     result_type = MergeResult
 
     def run(self, out: Path) -> MergeResult:
-        target = out / self.inputs.into if self.inputs.into else out
+        target = output_folder(out, self.inputs.into)
         report = merge_checkpoint(self.inputs.base, self.inputs.adapter, target)
         return MergeResult(model=self.inputs.into, lora_modules=report.lora_modules,
                            dora_modules=report.dora_modules, tensors_changed=report.tensors_changed,

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from release.errors import InputError
 from release.hashing import sha256_file, sha256_json, sha256_tree
-from release.stages.base import Stage, StageInputs, StageResult, location
+from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
 MANIFEST = "relctl-package.json"
 FORMAT = 1
@@ -135,7 +135,7 @@ class PackageStage(Stage[PackageInputs, PackageResult]):
     result_type = PackageResult
 
     def run(self, out: Path) -> PackageResult:
-        target = out / self.inputs.into if self.inputs.into else out
+        target = output_folder(out, self.inputs.into)
         manifest = build_package(target, self.inputs.runtime_dir, self.inputs.source_dir, self.inputs.fields)
         return PackageResult(package=self.inputs.into, files=len(manifest.files),
                              serving_config_hash=manifest.serving_config_hash)

@@ -8,14 +8,12 @@ needs the network. Everything else is the workflow file's text, unchanged.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,6 +22,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from tests.ci.local_actions import JobRun, run_job
+from tests.conftest import load_train_module
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +37,6 @@ GATES = {
     "load": {"traffic": {"arrival": "poisson", "rate": 8, "requests": 12, "seed": 3, "dataset": "traffic.jsonl"},
              "slos": {"e2el_p99_ms": 20000, "max_error_rate": 0.0}},
 }
-
-
-def load_train_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tiny_llm_train", EXAMPLE / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def git(repo: Path, *args: str) -> None:

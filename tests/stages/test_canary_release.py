@@ -9,19 +9,17 @@ rejected, production never moved.
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
-from release.cli import cli
 from release.registry import Registry
 from release.registry import tags as T
 from release.store import resolve_store
-from tests.stages.test_promote import MODEL, load_train_module
+from tests.stages.test_promote import MODEL, load_train_module, relctl
+from tests.stages.test_release_defects import copy_project
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +39,6 @@ gates:
 """
 
 
-def relctl(project: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["--project-dir", str(project), *args])
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Any) -> dict[str, Any]:
     project = tmp_path_factory.mktemp("canary-release") / "project"
@@ -60,12 +54,6 @@ def base(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Any) 
     (project / "release.yaml").write_text(f"model: {MODEL}\nconvert:\n  precision: int4\n{CANARY}")
     return {"project": project, "good": train.log_run(second, project, experiment=MODEL),
             "bad": train.log_run(bad, project, experiment=MODEL)}
-
-
-def copy_project(base: dict[str, Any], tmp_path: Path) -> Path:
-    project = tmp_path / "project"
-    shutil.copytree(base["project"], project)
-    return project
 
 
 def test_a_candidate_that_passes_the_canary_becomes_production(base: dict[str, Any], tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ then a precision that fails its validation thresholds is blocked and production 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,21 +25,13 @@ from click.testing import CliRunner, Result
 from release.cli import cli
 from release.registry import Registry
 from release.store import resolve_store
+from tests.conftest import load_train_module
 
 MODEL = "tiny-llm"
 pytestmark = pytest.mark.slow
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llm"
-
-
-def load_train_module() -> ModuleType:
-    path = EXAMPLE / "train.py"
-    spec = importlib.util.spec_from_file_location("tiny_llm_train", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def relctl(project: Path, *args: str) -> Result:

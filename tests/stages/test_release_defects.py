@@ -14,20 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
-from release.cli import cli
 from release.registry import Registry
 from release.registry import tags as T
 from release.store import resolve_store
 from tests.registry.test_crash_and_race import kill_when_paused, relctl_process
-from tests.stages.test_promote import MODEL, load_train_module
+from tests.stages.test_promote import MODEL, load_train_module, relctl
 
 pytestmark = pytest.mark.slow
-
-
-def relctl(project: Path, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["--project-dir", str(project), *args])
 
 
 @pytest.fixture(scope="module")

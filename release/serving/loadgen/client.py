@@ -74,6 +74,17 @@ class ClientOptions:
         return f"{base}/chat/completions" if self.endpoint == "chat" else f"{base}/completions"
 
 
+def sse_event(line: bytes) -> dict[str, Any] | None:
+    """The JSON of one `data:` line of an OpenAI-style SSE stream; None for other lines and `[DONE]`."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        return None
+    event: dict[str, Any] = json.loads(payload)
+    return event
+
+
 def request_body(sample: Sample, opts: ClientOptions) -> dict[str, Any]:
     body = sample.chat_body() if opts.endpoint == "chat" else sample.completion_body()
     body.update(max_tokens=sample.output_tokens, temperature=opts.temperature, stream=opts.stream)
@@ -222,12 +233,9 @@ class _Exchange:
             self._event(line.strip(), now)
 
     def _event(self, line: bytes, now: float) -> None:
-        if not line.startswith(b"data:") or self.over:
+        event = None if self.over else sse_event(line)
+        if event is None:
             return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        event = json.loads(payload)
         if "error" in event:
             self._close("stream_error", str(event["error"])[:300])
             return

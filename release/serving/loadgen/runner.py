@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,9 @@ def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: fl
     return result
 
 
-def write_records(path: Path, records: list[Record]) -> Path:
+def write_records(path: Path, records: Sequence[Any]) -> Path:
+    """Per-request records (anything with to_json()) as JSONL, written to a temporary name first so a reader
+    never sees half a file. The canary router's records use the same writer."""
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as fh:
         for rec in records:

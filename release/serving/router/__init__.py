@@ -6,8 +6,9 @@
     server.py   RouterServer: the router on 127.0.0.1 in a background thread
 """
 
+from release.serving.loadgen.runner import write_records
 from release.serving.router.app import Router, fraction
-from release.serving.router.records import RouterRecord, read_records, write_records
+from release.serving.router.records import RouterRecord, read_records
 from release.serving.router.server import RouterServer
 
 __all__ = ["Router", "RouterRecord", "RouterServer", "fraction", "read_records", "write_records"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import uvicorn
 
 from release.serving.loadgen.client import run_async
+from release.serving.loadgen.runner import write_records
 from release.serving.router.app import Router
-from release.serving.router.records import write_records
 
 
 def main() -> None:

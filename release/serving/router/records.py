@@ -31,16 +31,6 @@ class RouterRecord(Record):
     text: str | None = None       # the generated text, when the router records text (output quality)
 
 
-def write_records(path: Path, records: list[RouterRecord]) -> Path:
-    """JSONL, written to a temporary name first so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec.to_json(), separators=(",", ":")) + "\n")
-    tmp.rename(path)
-    return path
-
-
 def read_records(path: Path) -> list[RouterRecord]:
     """Records from JSONL; unknown fields are ignored, so newer writers stay readable."""
     known = {f.name for f in fields(RouterRecord)}

@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+from release.serving.loadgen.client import sse_event
 from release.serving.router.records import RouterRecord
 
 
@@ -47,12 +48,9 @@ class Tally:
             self._line(line.strip(), now)
 
     def _line(self, line: bytes, now: float) -> None:
-        if not line.startswith(b"data:") or self.status is not None:
+        event = None if self.status is not None else sse_event(line)
+        if event is None:
             return
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        event = json.loads(payload)
         if "error" in event:
             self.fail("stream_error", str(event["error"])[:300])
             return
