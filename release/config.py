@@ -67,11 +67,12 @@ class ReleaseConfig(Strict):
     convert: ConvertConfig = ConvertConfig()
     validation: ValidationConfig = ValidationConfig()
     serving: ServingConfig = ServingConfig()
-    # Each gate validates its own block (gates/<id>.py); unknown gate ids are refused there.
-    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
     require: list[str] = Field(
         default_factory=list,
         description="gate ids that must be configured and must pass (not skip) for a release, e.g. [eval, safety]")
+    # Each gate validates its own block (gates/<id>.py); unknown gate ids are refused there. Last: the starter
+    # release.yaml writes it as the commented-out tail of the file.
+    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:

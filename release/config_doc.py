@@ -40,7 +40,9 @@ def release_yaml_text(gates: dict[str, type[BaseModel]] | None = None) -> str:
         "",
     ]
     defaults = ReleaseConfig()
-    for name, field in ReleaseConfig.model_fields.items():
+    # The gates example is the file's commented-out tail, whatever the schema's field order.
+    fields = sorted(ReleaseConfig.model_fields.items(), key=lambda item: item[0] == GATES_FIELD)
+    for name, field in fields:
         if name == GATES_FIELD and get_origin(field.annotation) is dict:
             lines += _gates_lines(field, gates)
         else:

@@ -188,6 +188,7 @@ def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Pat
     it. The Secret names a registry (here an SQLite store holding the registered package); the image's
     cache path is swapped for a writable folder."""
     registry = tmp_path / "registry"
+    registry.mkdir()
     registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm", "--json")
     assert registered.exit_code == 0, registered.output
     manifest = rendered("tiny-llm/1", "--image", IMAGE)
