@@ -44,8 +44,10 @@ def test_undertrained_candidate_fails_on_output_quality(tmp_path: Path, tiny_bas
     metrics = {m.metric: m for m in result.checks[0].judgement.metrics}
     quality = metrics["output_quality"]
     assert result.outcome == "fail" and quality.verdict == "fail", result.reason
-    # Production really answers (served answers match the eval set as the eval gate's exact_match), the
-    # candidate does not; the check ended on the critical metric, without waiting out the step's timeout.
-    assert (quality.production or 0) > 0.5 and (quality.candidate or 0) < 0.2
+    # Production really answers (served answers match the eval set as the eval gate's exact_match; the
+    # base-only model gets 40-60% of them right, run to run), the candidate hardly does; the check ended on
+    # the critical metric, without waiting out the step's timeout.
+    assert (quality.production or 0) >= 0.3 and (quality.candidate or 0) < 0.2
+    assert (quality.production or 0) - (quality.candidate or 0) >= 0.25
     assert metrics["error_rate"].verdict == "pass"
     assert result.checks[0].checked_s - result.checks[0].started_s < config.step_timeout_s
