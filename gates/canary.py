@@ -55,7 +55,10 @@ def gate_result(gate_id: str, result: CanaryResult, work: Path, extra: dict[str,
     work.mkdir(parents=True, exist_ok=True)
     tests = work / "canary-tests.json"
     tests.write_text(json.dumps(result.to_json(), indent=2))
-    evidence = [p for p in (result.records_path, tests) if p is not None] + plot_checks(result, work / "plots")
+    versions = extra or {}
+    names = {side: f"v{versions[f'{side}_version']} {side}" for side in ("production", "candidate")
+             if versions.get(f"{side}_version")}
+    evidence = [p for p in (result.records_path, tests) if p is not None] + plot_checks(result, work / "plots", names)
     metrics: dict[str, float] = {f"{c.label}.score": c.judgement.score for c in result.checks}
     if result.rollback_s is not None:
         metrics["rollback_s"] = result.rollback_s

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
+from gates.base import GateContext, GateResult, Problem, ProductionRef, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -101,9 +101,9 @@ class EvalGate:
         """Production's values on this very eval set: from its tags when the digest matches, else computed."""
         if context.production is None:
             return None, None
-        recorded = _recorded_metrics(context.production.tags, data.sha256, metrics)
+        recorded = _recorded_metrics(context.production, data.sha256, metrics)
         if recorded is not None:
-            return recorded, "tags"
+            return recorded, "recorded"
         model = load_package_model(context.production.package_dir)
         rows = score_rows(model, data.rows, self.config, _needs_logits(metrics))
         return {m.name: m.compute(rows) for m in metrics}, "computed"
@@ -155,12 +155,13 @@ def _needs_logits(metrics: list[Metric]) -> bool:
     return any(m.needs_logits for m in metrics)
 
 
-def _recorded_metrics(tags: dict[str, str], sha256: str, metrics: list[Metric]) -> dict[str, float] | None:
-    if tags.get(SHA_TAG) != sha256:
+def _recorded_metrics(production: ProductionRef, sha256: str, metrics: list[Metric]) -> dict[str, float] | None:
+    """Production's scores recorded at its release, if they were taken on this very eval set."""
+    if production.tags.get(SHA_TAG) != sha256:
         return None
     try:
-        values = {m.name: float(tags[f"gate.eval.{m.name}"]) for m in metrics}
-    except (KeyError, ValueError):
+        values = {m.name: float(production.metrics[f"gate.eval.{m.name}"]) for m in metrics}
+    except KeyError:
         return None
     return values if all(math.isfinite(v) for v in values.values()) else None
 

@@ -2,6 +2,9 @@
 SLOs on latency percentiles, error rate and goodput, and the cost per million output tokens at the
 rate where the SLOs still hold.
 
+With a production version, the same seeded plan is replayed against it right after (compare_production):
+its figures are reported and plotted beside the candidate's, labelled by version, and never judged.
+
 Cost per million output tokens = GPU price per hour x GPUs / (output tokens/s x 3600) x 1e6.
 With a serverless price, the break-even utilization is the share of that capacity a dedicated
 deployment must keep busy to be cheaper than paying per token (or per request).
@@ -9,6 +12,7 @@ deployment must keep busy to be cheaper than paying per token (or per request).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -52,6 +56,8 @@ class LoadConfig(BaseModel):
     step_duration_s: float = Field(default=5.0, gt=0)
     server: ServerSettings | None = Field(default=None, description="server settings; default: the package's own")
     cost: CostConfig = CostConfig()
+    compare_production: bool = Field(
+        default=True, description="also replay the same plan against production (reported and plotted, not judged)")
 
 
 class LoadGate:
@@ -73,22 +79,45 @@ class LoadGate:
         work = context.work_dir
         work.mkdir(parents=True, exist_ok=True)
         server_config = _write_server_config(work, cfg.server)
+        candidate = f"v{context.version} candidate" if context.version else "candidate"
+        packages = {candidate: context.package_dir}
+        # The same seeded plan against production, one server after the other, so the plot and the report
+        # put both side by side on this machine now (a sweep finds one endpoint's limit: candidate only).
+        if context.production is not None and cfg.compare_production and not cfg.sweep:
+            packages[f"v{context.production.version} production"] = context.production.package_dir
         try:
-            with ServerProcess(str(context.package_dir), work / "server", config=server_config,
-                               project_dir=work) as server:
+            with contextlib.ExitStack() as stack:
+                servers = {candidate: stack.enter_context(ServerProcess(
+                    str(context.package_dir), work / "server", config=server_config, project_dir=work))}
+                note = self._start_production(stack, packages, servers, work, server_config)
                 pause_point("gate:load:serving")
-                client = ClientOptions(base_url=server.url, model=None, endpoint=cfg.endpoint,
+                client = ClientOptions(base_url=servers[candidate].url, model=None, endpoint=cfg.endpoint,
                                        max_concurrency=cfg.max_concurrency, timeout_s=cfg.timeout_s)
-                report = run_bench([server.url], cfg.traffic, cfg.slos, client, work, do_sweep=cfg.sweep,
-                                   sweep_rates=cfg.sweep_rates, step_duration_s=cfg.step_duration_s,
-                                   base_dir=context.config_dir)
-                report["server"] = server.info
+                report = run_bench([s.url for s in servers.values()], cfg.traffic, cfg.slos, client, work,
+                                   do_sweep=cfg.sweep, sweep_rates=cfg.sweep_rates,
+                                   step_duration_s=cfg.step_duration_s, base_dir=context.config_dir,
+                                   labels=list(servers))
+                report["server"] = servers[candidate].info
+                if note:
+                    report["production_note"] = note
         except InputError:
             raise  # the user's to fix (exit 2), not a verdict on the model
         except ReleaseError as exc:
             return GateResult(self.id, "fail", f"load test could not run: {exc.message}",
-                              evidence=sorted(work.glob("server/server.log")))
+                              evidence=sorted(work.glob("server*/server.log")))
         return judge(self.id, cfg, report, work)
+
+    @staticmethod
+    def _start_production(stack: contextlib.ExitStack[Any], packages: dict[str, Path],
+                          servers: dict[str, ServerProcess], work: Path, server_config: Path | None) -> str | None:
+        """Production's server beside the candidate's; one that cannot start is noted, never a verdict."""
+        for label, package in list(packages.items())[1:]:
+            try:
+                servers[label] = stack.enter_context(ServerProcess(str(package), work / "server-production",
+                                                                   config=server_config, project_dir=work))
+            except ReleaseError as exc:
+                return f"production was not measured beside the candidate: {exc.message}"
+        return None
 
 
 def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> GateResult:
@@ -115,8 +144,14 @@ def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> 
                   f"p99 TPOT {_fmt(summary['tpot_ms']['p99'])} ms, {summary['output_token_throughput']:.1f} tok/s")
     evidence = [Path(run["records"]) for run in report["runs"]] + [Path(p) for p in report["plots"]]
     evidence.append(work / "summary.json")
-    details = {"rate": summary["target_rate"], "kind": report["kind"], "cost": cost,
-               "server": report.get("server", {}), "sweep_best_rate": report.get("best_rate")}
+    details: dict[str, Any] = {"rate": summary["target_rate"], "kind": report["kind"], "cost": cost,
+                               "server": report.get("server", {}), "sweep_best_rate": report.get("best_rate")}
+    if report.get("production_note"):
+        details["production_note"] = report["production_note"]
+    if report["kind"] == "compare":  # production on the same plan: shown beside the candidate, never judged
+        production = report["runs"][1]
+        details["production_label"] = production["label"]
+        details["production_metrics"] = _metrics(production["summary"], cost_figures(cfg.cost, production["summary"]))
     return GateResult(gate_id, "fail" if failed else "pass", reason, metrics=metrics, thresholds=checks,
                       evidence=evidence, details=details)
 

@@ -131,6 +131,8 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
         except Exception as exc:  # an alias to a deleted version is worth showing, not crashing on
             raise RegistryError(f"{model}@{alias} points at v{version}, which cannot be read: {exc}") from exc
         tags = dict(mv.tags)
+        metrics, _ = registry.recorded_numbers(mv)
+        lineage = {**registry.get_run(tags[T.RELEASE_RUN]).data.tags, **tags} if T.RELEASE_RUN in tags else tags
         out["aliases"][alias] = {
             "version": version,
             "created": mv.creation_timestamp,
@@ -138,18 +140,10 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "git_commit": tags.get(T.GIT_COMMIT),
             "precision": tags.get(T.PRECISION),
             "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH),
-            "data": {k: v for k, v in tags.items() if k.startswith(T.DATA_PREFIX)},
+            "data": {k: v for k, v in lineage.items() if k.startswith(T.DATA_PREFIX)},
             "gates": T.gate_statuses(tags),
-            "validation": {k: _number(v) for k, v in T.with_prefix(tags, T.VALIDATION_PREFIX).items()},
+            "validation": T.with_prefix(metrics, T.VALIDATION_PREFIX),
             "model_uri": links.model_uri(model, version),
             "link": links.version_link(registry.store.tracking_uri, model, version),
         }
     return out
-
-
-def _number(text: str) -> float | str:
-    """Tags are strings in MLflow; numbers go out as numbers."""
-    try:
-        return float(text)
-    except ValueError:
-        return text

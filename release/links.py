@@ -23,5 +23,15 @@ def run_link(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_base(tracking_uri)}#/experiments/{experiment_id}/runs/{run_id}"
 
 
+def logged_model_link(tracking_uri: str, experiment_id: str, model_id: str) -> str:
+    """A LoggedModel's page: its metrics, and the model versions made from it."""
+    return f"{ui_base(tracking_uri)}#/experiments/{experiment_id}/models/{model_id}"
+
+
+def artifact_link(tracking_uri: str, experiment_id: str, run_id: str, path: str) -> str:
+    """The run page with one artifact open (MLflow's runPageWithArtifact route)."""
+    return f"{run_link(tracking_uri, experiment_id, run_id)}/artifactPath/{quote(path)}"
+
+
 def model_uri(model: str, version: str) -> str:
     return f"models:/{model}/{version}"

@@ -25,15 +25,29 @@ from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
-from release.gating.run import gates_of_phase, log_result, production_ref, run_phase_gates
+from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.hashing import sha256_file
 from release.lineage import repo_state
 from release.pipeline import Done, Pipeline, work_dir_for
 from release.progress import Progress
 from release.registry import CANDIDATE, PRODUCTION, Registry
 from release.registry import tags as T
+from release.registry.client import logged_model_id
 from release.registry.runs import ReleaseRun
-from release.report import ReleaseReport, model_card, summary_markdown
+from release.report import (
+    COMPARED,
+    METRICS_LINK,
+    PLOT_LINK,
+    RELEASE_RUN_LINK,
+    REPLACED,
+    TRAINING_RUN_LINK,
+    VERSION_LINK,
+    ReleaseReport,
+    model_card,
+    release_details,
+    release_metrics,
+    summary_markdown,
+)
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -55,9 +69,11 @@ class Promotion:
         self.gate_results: list[GateResult] = []
         self.gates_markdown: str | None = None
         self.pipeline: Pipeline | None = None
+        self.recorded: dict[str, float] = {}   # numbers logged to the version's LoggedModel by this release
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: lineage, validation, memory, then the gate table and a link to the HTML report."""
+        self._add_links(report)
         sections = []
         if self.gates_markdown:
             link = f"release run `{report.release_run}`, artifact `report/report.html`"
@@ -135,6 +151,8 @@ class Promotion:
                                        "precision, or plan a larger accelerator (serving.gpu_memory_gib)")
         package = self._package(pipe, name, report, candidate, checkpoint, validation)
         production = production_ref(self.registry, name, pipe.work_dir / "production")
+        if production is not None:
+            report.production = {"version": production.version, "metrics": production.metrics}
         self._gates("before_register", gates, name, package, intake, report, production, None)
         self._check_required(report)
         if not gates:
@@ -237,6 +255,8 @@ class Promotion:
         results = run_phase_gates(selected, context_for, self.progress, None)
         self.gate_results += results
         report.gates += [result_to_dict(r) for r in results]
+        for result in results:
+            report.plots |= {title: artifact for title, (_, artifact) in plot_artifacts(result).items()}
         self.gates_markdown = render_markdown(self.gate_results, production.version if production else None)
         failed = [r for r in results if r.status == "fail"]
         if failed and phase == "before_register":
@@ -265,35 +285,44 @@ class Promotion:
 
         return should_stop
 
-    def _version_tags(self, report: ReleaseReport) -> dict[str, Any]:
-        extra: dict[str, Any] = {f"{T.VALIDATION_PREFIX}{k}": v for k, v in
-                                 (report.validation or {}).get("metrics", {}).items() if isinstance(v, (int, float))}
-        for gate in report.gates:
-            extra[T.gate_status(gate["gate"])] = gate["status"]
-            extra |= {T.gate_metric(gate["gate"], k): v for k, v in gate.get("metrics", {}).items()}
-            if "dataset_sha256" in gate.get("details", {}):
-                extra[T.gate_metric(gate["gate"], "dataset_sha256")] = gate["details"]["dataset_sha256"]
-        return extra
+    @staticmethod
+    def _gate_tags(report: ReleaseReport) -> dict[str, str]:
+        """One status tag per gate; the gates' numbers are metrics (release_metrics), never tags."""
+        return {T.gate_status(gate["gate"]): str(gate["status"]) for gate in report.gates}
+
+    def _record(self, name: str, version: str, run: ReleaseRun, report: ReleaseReport) -> None:
+        """Gate statuses onto the version, its new numbers onto its LoggedModel, the card as its description."""
+        self.registry.set_version_tags(name, version, self._gate_tags(report))
+        new = self._unrecorded(report)
+        self.registry.record_numbers(self.registry.get_version(name, version), run.run_id, new,
+                                     release_details(report))
+        self.recorded |= new
+        self.registry.set_description(name, version, self.card(report))
+
+    def _unrecorded(self, report: ReleaseReport) -> dict[str, float]:
+        return {k: v for k, v in release_metrics(report).items() if self.recorded.get(k) != v}
 
     def _register(self, pipe: Pipeline, run: ReleaseRun, name: str, package: PackageManifest, report: ReleaseReport,
                   production: ProductionRef | None, under_canary: bool) -> str | None:
         report.outcome = "released"
         inputs = reg.RegisterInputs(
             model=name, content_sha256=report.package["content_sha256"], lineage=report.lineage,
-            extra_tags=self._version_tags(report), description=self.card(report),
+            extra_tags=self._gate_tags(report), numbers=release_metrics(report), details=release_details(report),
+            description=self.card(report),
             target="candidate" if under_canary else "production",
             reason=f"promoted from training run {report.training_run}",
             expected_production=production.version if production else None, package_dir=package.root)
         done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package))
         result = done.result
+        if result.outcome != "unchanged":
+            self.recorded |= inputs.numbers
         for note in result.notes:
             self.progress.note(note)
         report.version, report.outcome = result.version, result.outcome
         if result.outcome == "unchanged":
             if report.gates:  # new evidence for what already serves: recorded, never dropped
-                self.registry.set_version_tags(name, result.version, {k: str(v) if not isinstance(v, str) else v
-                                                                      for k, v in self._version_tags(report).items()})
-                self.registry.set_description(name, result.version, self.card(report))
+                report.version = result.version
+                self._record(name, result.version, run, report)
                 self.registry.record_event(name, "re-gated", f"gates re-run on v{result.version}: " + ", ".join(
                     f"{g['gate']} {g['status']}" for g in report.gates), run.run_id)
                 report.outcome = "re-gated"
@@ -313,7 +342,7 @@ class Promotion:
                 self.gate_results.append(skipped)
                 report.gates.append(result_to_dict(skipped))
             self.gates_markdown = render_markdown(self.gate_results, None)
-            self.registry.set_description(name, version, self.card(report))
+            self._record(name, version, run, report)
             return
         results = self._gates("after_register", later, name, package, intake, report, production, version)
         failed = [r for r in results if r.status == "fail"]
@@ -322,7 +351,7 @@ class Promotion:
             self.registry.move_aliases(name, {CANDIDATE: None}, "reject", reason, run.run_id)
             self.registry.set_version_tags(name, version, {T.RELEASE_STATE: "rejected", T.REJECTED_REASON: reason})
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
-            self.registry.set_description(name, version, self.card(report))
+            self._record(name, version, run, report)
             raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
                           hint="production was never moved; see the release report for the evidence")
         move, notes = reg.promote_version(self.registry, name, version, "canary passed", run.run_id,
@@ -331,22 +360,32 @@ class Promotion:
         for note in notes:
             self.progress.note(note)
         report.aliases, report.outcome = (move.changes if move else {}), "released"
-        self.registry.set_version_tags(name, version, {T.gate_status(r.gate): r.status for r in results})
-        self.registry.set_description(name, version, self.card(report))
+        self._record(name, version, run, report)
 
     def _add_links(self, report: ReleaseReport) -> None:
+        """MLflow UI links for the report and the card (absolute for a server, relative for the embedded store)."""
         uri = self.registry.store.tracking_uri
+        found: dict[str, str] = {}
+        releases = self.registry.releases_experiment()
         if report.release_run:
-            report.links["release run"] = links.run_link(uri, self.registry.releases_experiment(), report.release_run)
+            found[RELEASE_RUN_LINK] = links.run_link(uri, releases, report.release_run)
+            found |= {PLOT_LINK + title: links.artifact_link(uri, releases, report.release_run, path)
+                      for title, path in report.plots.items()}
         training = report.lineage.get("training", {})
         if training.get("experiment_id"):
-            report.links["training run"] = links.run_link(uri, training["experiment_id"], report.training_run)
+            found[TRAINING_RUN_LINK] = links.run_link(uri, training["experiment_id"], report.training_run)
         if report.version:
             report.model_uri = links.model_uri(report.model, report.version)
-            report.links["version"] = links.version_link(uri, report.model, report.version)
+            found[VERSION_LINK] = links.version_link(uri, report.model, report.version)
+            model_id = logged_model_id(self.registry.get_version(report.model, report.version))
+            if model_id:
+                found[METRICS_LINK] = links.logged_model_link(uri, releases, model_id)
         replaced = (report.aliases.get("previous") or [None, None])[1]
         if replaced:
-            report.links["version it replaced"] = links.version_link(uri, report.model, replaced)
+            found[REPLACED] = links.version_link(uri, report.model, replaced)
+        elif report.production:
+            found[COMPARED] = links.version_link(uri, report.model, report.production["version"])
+        report.links = found
 
     def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
         if self.pipeline is not None:
@@ -363,8 +402,7 @@ class Promotion:
                 (out / "report.html").write_text(render_html(self.gate_results, meta))
             run.log_artifacts(out, "report")
         for result in self.gate_results:
-            log_result(run, result)
-        run.log_metrics({f"{T.VALIDATION_PREFIX}{k}": float(v)
-                         for k, v in (report.validation or {}).get("metrics", {}).items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            log_result(run, result, metrics=False)
+        # Once: what the version's LoggedModel did not already record through this run.
+        run.log_metrics(self._unrecorded(report))
         run.set_tags({T.OUTCOME: report.outcome})

@@ -77,10 +77,12 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
         out["serving_config_mismatch"] = f"the response said {served_config}, the version records " \
                                          f"{tags.get(T.SERVING_CONFIG_HASH)}"
     release_run = tags.get(T.RELEASE_RUN)
+    lineage = dict(tags)  # versions registered before schema 3 carry their whole lineage as tags
     if release_run:
         run = registry.get_run(release_run)
         out["release_run"] = {"id": release_run, "outcome": run.data.tags.get(T.OUTCOME),
                               "link": links.run_link(uri, run.info.experiment_id, release_run)}
+        lineage = {**run.data.tags, **tags}
     out["gates"] = T.gate_statuses(tags)
     training_id = tags.get(T.TRAINING_RUN)
     training: dict[str, Any] = {"id": training_id}
@@ -90,12 +92,13 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
             training |= {"name": run.info.run_name, "link": links.run_link(uri, run.info.experiment_id, training_id)}
         except (InputError, RegistryError) as exc:
             training["error"] = exc.message
-    training |= {"git_commit": tags.get(T.GIT_COMMIT), "git_dirty": tags.get(T.GIT_DIRTY)}
+    training |= {"git_commit": lineage.get(T.GIT_COMMIT), "git_dirty": lineage.get(T.GIT_DIRTY)}
     out["training_run"] = training
-    out["data_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v for k, v in T.with_prefix(tags, T.DATA_PREFIX).items()}
+    out["data_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v
+                          for k, v in T.with_prefix(lineage, T.DATA_PREFIX).items()}
     out["weights_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v
-                             for k, v in T.with_prefix(tags, T.WEIGHTS_PREFIX).items()}
-    out["config_sha256"] = tags.get(T.CONFIG_SHA256)
+                             for k, v in T.with_prefix(lineage, T.WEIGHTS_PREFIX).items()}
+    out["config_sha256"] = lineage.get(T.CONFIG_SHA256)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             fetch_package(registry, model, version, Path(tmp))

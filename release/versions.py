@@ -15,14 +15,22 @@ from release.registry import Registry
 from release.registry import tags as T
 from release.stages.package import PackageManifest, verify_package
 
-PACKAGE_URI_TAG = T.PACKAGE_URI
+PACKAGE_ARTIFACT = "package"
+
+
+def package_uri(tags: dict[str, str]) -> str | None:
+    """Where a version's package lives: `package/` of its release run (older versions name it in a tag)."""
+    if tags.get(T.PACKAGE_URI):
+        return tags[T.PACKAGE_URI]
+    release_run = tags.get(T.RELEASE_RUN)
+    return f"runs:/{release_run}/{PACKAGE_ARTIFACT}" if release_run else None
 
 
 def fetch_package(registry: Registry, name: str, version: str, dest: Path) -> PackageManifest:
     mv = registry.get_version(name, version)
-    uri = mv.tags.get(T.PACKAGE_URI)
+    uri = package_uri(dict(mv.tags))
     if not uri:
-        raise RegistryError(f"{name} v{version} has no {T.PACKAGE_URI} tag; it was not registered by relctl")
+        raise RegistryError(f"{name} v{version} has no {T.RELEASE_RUN} tag; it was not registered by relctl")
     anchor = mv.tags.get(T.MANIFEST_SHA256)
     if not anchor:
         raise InputError(f"{name} v{version} has no {T.MANIFEST_SHA256} tag, so its package cannot be verified",

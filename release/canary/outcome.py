@@ -2,7 +2,9 @@
 
 pass    production -> candidate, previous -> the old production, candidate removed (one history entry)
 fail    candidate removed, the version tagged rejected with the reason; production never moves
-stopped (e.g. a rollback won) candidate removed, the version tagged with why; production left as it is
+stopped (e.g. a rollback won) candidate removed, gate.canary.status=stopped; why is in the history
+
+The reason of every outcome is in the alias history entry; the version keeps only its stable tags.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.stages.register import ProductionMoved, promote_version
 
-REJECTED_TAG = T.REJECTED
-CANARY_TAG = T.CANARY
+REJECTED_TAG = T.REJECTED_REASON
+STATUS_TAG = T.gate_status("canary")
 
 
 def canary_outcome(result: CanaryResult | GateResult) -> tuple[str, str]:
@@ -42,20 +44,20 @@ def finish_canary(registry: Registry, model: str, candidate_version: str, produc
         try:
             move, _ = promote_version(registry, model, candidate_version, f"canary passed: {reason}", release_run,
                                       expected_production=production_version, clear_candidate=True, action="canary")
-            registry.set_version_tag(model, candidate_version, CANARY_TAG, f"pass: {reason}"[:5000])
+            registry.set_version_tag(model, candidate_version, STATUS_TAG, "pass")
             return move
         except ProductionMoved:
             pass
         current = registry.aliases(model).get(PRODUCTION)
         result_reason = f"production moved to v{current} during the canary; it wins"
-        registry.set_version_tag(model, candidate_version, CANARY_TAG, f"stopped: {result_reason}")
+        registry.set_version_tag(model, candidate_version, STATUS_TAG, "stopped")
         return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", result_reason, release_run)
     if outcome == "stopped":
-        registry.set_version_tag(model, candidate_version, CANARY_TAG, reason[:5000])
+        registry.set_version_tag(model, candidate_version, STATUS_TAG, "stopped")
         return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", reason, release_run)
     why = f"canary {outcome}: {reason}"
-    registry.set_version_tag(model, candidate_version, REJECTED_TAG, why[:5000])
-    registry.set_version_tag(model, candidate_version, CANARY_TAG, why[:5000])
+    registry.set_version_tags(model, candidate_version, {STATUS_TAG: "fail", T.RELEASE_STATE: "rejected",
+                                                         REJECTED_TAG: why})
     return registry.move_aliases(model, {CANDIDATE: None}, "canary-reject", why, release_run)
 
 

@@ -14,8 +14,9 @@ METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 COLORS = {"production": "tab:blue", "candidate": "tab:orange"}
 
 
-def plot_checks(result: CanaryResult, out_dir: Path) -> list[Path]:
-    """One PNG per check: TTFT, TPOT and E2EL empirical CDFs, production against candidate."""
+def plot_checks(result: CanaryResult, out_dir: Path, names: dict[str, str] | None = None) -> list[Path]:
+    """One PNG per check: TTFT, TPOT and E2EL empirical CDFs, production against candidate. `names`: how
+    the legend calls each side (e.g. {"production": "v3 production"}); default the side's name."""
     import matplotlib  # noqa: PLC0415 - heavy, and only needed when evidence is drawn
 
     matplotlib.use("Agg")  # files only: headless in CI; must precede pyplot's import
@@ -32,7 +33,7 @@ def plot_checks(result: CanaryResult, out_dir: Path) -> list[Path]:
                 if values:
                     xs = np.sort(np.asarray(values) * 1000.0)
                     ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs), color=COLORS[side],
-                            label=f"{side} (n={len(xs)})")
+                            label=f"{(names or {}).get(side, side)} (n={len(xs)})")
             verdict = _verdict(check.judgement.metrics, f"{key}_ms")
             ax.set_title(f"{title} CDF, {check.label} at {check.weight:g}%: {verdict}")
             ax.set_xlabel("ms")

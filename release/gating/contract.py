@@ -47,8 +47,11 @@ class ProductionRef:
 
     version: str
     package_dir: Path
-    # The version's MLflow tags; gates read earlier results from them (e.g. gate.eval.<metric>).
+    # The version's MLflow tags, with its LoggedModel's tags (digests such as gate.eval.dataset_sha256).
     tags: dict[str, str]
+    # The newest recorded value of each of its numbers (gate.<id>.<metric>, validation.<metric>, memory.*):
+    # a gate reuses production's earlier results from here instead of measuring them again.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, gate_phase
@@ -15,6 +17,8 @@ from release.registry import tags as T
 from release.registry.runs import ReleaseRun
 from release.versions import fetch_package
 
+PLOTS_ARTIFACT = "plots"
+
 
 def production_ref(registry: Registry, name: str, dest: Path) -> ProductionRef | None:
     """The current production version with its package downloaded and checksum-verified."""
@@ -24,7 +28,9 @@ def production_ref(registry: Registry, name: str, dest: Path) -> ProductionRef |
     if mv is None:
         return None
     package = fetch_package(registry, name, str(mv.version), dest)
-    return ProductionRef(version=str(mv.version), package_dir=package.root, tags=dict(mv.tags))
+    metrics, details = registry.recorded_numbers(mv)
+    return ProductionRef(version=str(mv.version), package_dir=package.root, tags={**details, **mv.tags},
+                         metrics=metrics)
 
 
 def gates_of_phase(gates: list[Gate], phase: GatePhase) -> list[Gate]:
@@ -48,9 +54,28 @@ def run_phase_gates(
     return results
 
 
-def log_result(run: ReleaseRun, result: GateResult) -> None:
-    run.log_metrics({T.gate_metric(result.gate, k): float(v) for k, v in result.metrics.items()})
+def log_result(run: ReleaseRun, result: GateResult, metrics: bool = True) -> None:
+    """Status tag, metrics (unless the caller records them itself) and evidence: plots under `plots/`, where
+    the model card links them, everything else under `gates/<id>/`."""
+    if metrics:
+        run.log_metrics({T.gate_metric(result.gate, k): float(v) for k, v in result.metrics.items()})
     run.set_tags({T.gate_status(result.gate): result.status})
+    plots = {path: PurePosixPath(artifact) for _, (path, artifact) in plot_artifacts(result).items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in result.evidence:
+            if path in plots:  # under its artifact name: two gates may both draw a latency-cdf.png
+                named = Path(tmp) / plots[path].name
+                shutil.copyfile(path, named)
+                run.log_artifact(named, str(plots[path].parent))
+            elif path.is_file():
+                run.log_artifact(path, f"gates/{result.gate}")
+
+
+def plot_artifacts(result: GateResult) -> dict[str, tuple[Path, str]]:
+    """{title: (local file, artifact path)} of the PNGs among a gate's evidence, named `plots/<gate>-<file>`."""
+    out: dict[str, tuple[Path, str]] = {}
     for path in result.evidence:
-        if path.is_file():
-            run.log_artifact(path, f"gates/{result.gate}")
+        if path.suffix.lower() == ".png" and path.is_file():
+            title = f"{result.gate}: {path.stem.replace('-', ' ').replace('_', ' ')}"
+            out[title] = (path, f"{PLOTS_ARTIFACT}/{result.gate}-{path.name}")
+    return out

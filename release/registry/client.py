@@ -6,12 +6,15 @@ missing run or model an InputError (exit 2).
 
 from __future__ import annotations
 
+import json
+import math
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 
 import mlflow.artifacts
-from mlflow.entities import Run
+from mlflow.entities import Metric, Run
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -27,6 +30,7 @@ PRODUCTION = "production"
 PREVIOUS = "previous"
 CANDIDATE = "candidate"
 Decide = Callable[[dict[str, str]], dict[str, str | None]]
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"   # MLflow's own LoggedModel -> versions link (mlflow_tags)
 
 
 def _not_found(exc: MlflowException) -> bool:
@@ -40,6 +44,36 @@ def safe_artifact_path(path: str) -> str:
         raise InputError(f"artifact path '{path}' points outside the run",
                          hint="use a path relative to the run's artifact root, e.g. 'checkpoint'")
     return pure.as_posix()
+
+
+def logged_model_id(mv: ModelVersion) -> str | None:
+    """The LoggedModel behind a version. The SQL registry does not keep `model_id`; the source names it."""
+    if getattr(mv, "model_id", None):
+        return str(mv.model_id)
+    source = str(mv.source or "")
+    if source.startswith("models:/m-"):
+        return source.removeprefix("models:/").split("/", 1)[0]
+    return None
+
+
+def _check_version_tags(tags: dict[str, str]) -> None:
+    # The versions table of the registry UI stays readable only if versions carry the documented tags.
+    extra = sorted(k for k in tags if not T.is_version_tag(k))
+    if extra:
+        raise ValueError(f"not a documented model-version tag: {', '.join(extra)} (see release/registry/tags.py)")
+
+
+def _metrics(values: dict[str, float], model_id: str | None, run_id: str) -> list[Metric]:
+    now = int(time.time() * 1000)
+    return [Metric(key, value, now, 0, model_id=model_id, run_id=run_id) for key, value in sorted(values.items())]
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def refuse_symlinks(root: Path) -> None:
@@ -180,18 +214,74 @@ class Registry:
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
                        model_id: str | None = None) -> ModelVersion:
         # source must be the logged model's URI: a runs:/ source makes a version that does not load.
+        _check_version_tags(tags)
         try:
-            return self.client.create_model_version(name, source=model_uri, run_id=run_id, tags=tags,
-                                                    description=description, model_id=model_id)
+            mv = self.client.create_model_version(name, source=model_uri, run_id=run_id, tags=tags,
+                                                  description=description, model_id=model_id)
+            self._link_logged_model(mv)
         except MlflowException as exc:
             raise RegistryError(f"cannot create a version of '{name}': {exc.message}") from exc
+        return mv
+
+    def _link_logged_model(self, mv: ModelVersion) -> None:
+        """Name the version on its LoggedModel, as mlflow.register_model does (the client call does not): the
+        LoggedModel's page, which lists the version's metrics, then links back to the version."""
+        model_id = logged_model_id(mv)
+        if model_id is None:
+            return
+        existing = self.client.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG)
+        linked = [*json.loads(existing or "[]"), {"name": mv.name, "version": str(mv.version)}]
+        self.client.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps(linked)})
 
     def set_version_tag(self, name: str, version: str, key: str, value: str) -> None:
-        self.client.set_model_version_tag(name, version, key, value)
+        self.set_version_tags(name, version, {key: value})
 
     def set_version_tags(self, name: str, version: str, tags: dict[str, str]) -> None:
+        _check_version_tags(tags)
         for key, value in tags.items():
-            self.client.set_model_version_tag(name, version, key, value)
+            self.client.set_model_version_tag(name, version, key, value[:T.TAG_VALUE_MAX])
+
+    # --- a version's numbers: metrics of its LoggedModel ----------------------------------------------
+    def record_numbers(self, mv: ModelVersion, run_id: str, metrics: dict[str, float],
+                       details: dict[str, str]) -> None:
+        """`metrics` onto the version's LoggedModel (the version page shows them) through release run
+        `run_id`; `details` (digests, not numbers) as the LoggedModel's tags. A re-gate logs newer values."""
+        model_id = logged_model_id(mv)
+        finite = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
+        try:
+            if model_id is None:  # registered before MLflow 3's LoggedModels: the release run keeps them
+                self.client.log_batch(run_id, metrics=_metrics(finite, None, run_id))
+                return
+            self.client.log_batch(run_id, metrics=_metrics(finite, model_id, run_id))
+            if details:
+                self.client.set_logged_model_tags(model_id, {k: v[:T.TAG_VALUE_MAX] for k, v in details.items()})
+        except MlflowException as exc:
+            raise RegistryError(f"cannot record the metrics of {mv.name} v{mv.version}: {exc.message}") from exc
+
+    def recorded_numbers(self, mv: ModelVersion) -> tuple[dict[str, float], dict[str, str]]:
+        """The newest value of each metric recorded for the version, and its LoggedModel's tags.
+
+        Versions registered before metrics moved off tags carry their numbers as tags: read those too."""
+        legacy = {k: _float(v) for k, v in mv.tags.items()
+                  if k.startswith((T.VALIDATION_PREFIX, T.GATE_PREFIX)) and not T.is_version_tag(k)}
+        metrics = {k: v for k, v in legacy.items() if v is not None}
+        details = {k: mv.tags[k] for k, v in legacy.items() if v is None}
+        model_id = logged_model_id(mv)
+        if model_id:
+            try:
+                logged = self.client.get_logged_model(model_id)
+            except MlflowException as exc:
+                raise RegistryError(f"cannot read the metrics of {mv.name} v{mv.version}: {exc.message}") from exc
+            newest: dict[str, tuple[int, float]] = {}
+            for metric in logged.metrics or []:
+                if metric.key not in newest or metric.timestamp >= newest[metric.key][0]:
+                    newest[metric.key] = (metric.timestamp, float(metric.value))
+            metrics |= {k: v for k, (_, v) in newest.items()}
+            details |= {k: v for k, v in (logged.tags or {}).items() if not k.startswith("mlflow.")}
+        elif mv.run_id:  # no LoggedModel: record_numbers logged them to the release run
+            prefixes = (T.VALIDATION_PREFIX, T.GATE_PREFIX, T.MEMORY_PREFIX)
+            metrics |= {k: float(v) for k, v in self.get_run(mv.run_id).data.metrics.items() if k.startswith(prefixes)}
+        return metrics, details
 
     def set_description(self, name: str, version: str, description: str) -> None:
         self.client.update_model_version(name, version, description=description)

@@ -1,43 +1,47 @@
 """Every MLflow tag name relctl writes or reads, in one place.
 
-Stable names (the registry UI, `relctl status`, `relctl trace` and users' own searches rely on them;
-they change only with a note in the README):
+A model version carries a small, stable set of tags (documented in the README; they change only with a
+note there), so the registry UI's versions table stays readable and searches keep working:
 
-on a model version
-    relctl.training_run_id        the training run the version was promoted from
-    relctl.release_run_id         the release run holding the report, package and evidence
-    relctl.precision              fp32 | fp16 | int8 | int4
-    relctl.serving_config_hash    identity of the serving configuration (returned in X-Relctl-Serving-Config)
-    relctl.package_uri            where the package lives (runs:/<release run>/package)
+    relctl.training_run_id          the training run the version was promoted from
+    relctl.release_run_id           the release run: report, package, plots, every number
+    lineage.git_commit              the training code's commit
+    relctl.precision                fp32 | fp16 | int8 | int4
+    relctl.release_state            registering | released | registered | rejected
+    relctl.serving_config_hash      identity of the serving configuration (X-Relctl-Serving-Config)
     relctl.package_manifest_sha256  sha256 of relctl-package.json as released: the integrity anchor
     relctl.package_content_sha256   sha256 over every served file's sha256: equal content, equal release
-    relctl.release_state          registering | released | registered | rejected
-    lineage.git_commit, lineage.git_dirty, lineage.config_sha256, lineage.release_repo_commit,
-    lineage.release_repo_dirty, lineage.data.<name>.sha256, lineage.weights.<file>.sha256,
-    lineage.adapter.<file>.sha256
-    gate.<id>.status              pass | fail | skipped;  gate.<id>.<metric>: that gate's numbers
-    validation.<metric>           quality against the fp32 reference
+    relctl.rejected_reason          why a gate or the canary rejected it (rejected versions only)
+    gate.<id>.status                pass | fail | skipped (| stopped: a canary cut short), one per gate
+
+Numbers are metrics, not tags: validation.<metric>, gate.<id>.<metric> and memory.<figure> are logged to
+the release run and to the version's MLflow LoggedModel (shown on the version page). The full lineage
+(data, weights and adapter sha256s, config hash, release repo commit, exporter versions) is tagged on the
+release run, beside the report.
+
 on a registered model
     relctl.history.<utc>.<nonce>  one alias move (JSON), relctl's alias history
 on a release run
-    relctl.model, relctl.training_run_id, relctl.outcome, relctl.pid, relctl.host, relctl.proc_start
+    relctl.model, relctl.training_run_id, relctl.outcome, relctl.pid, relctl.host, relctl.proc_start,
+    lineage.*, relctl.exporter.*, gate.<id>.status
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
+
+V = TypeVar("V")
 
 # Model version
 TRAINING_RUN = "relctl.training_run_id"
 RELEASE_RUN = "relctl.release_run_id"
 PRECISION = "relctl.precision"
 SERVING_CONFIG_HASH = "relctl.serving_config_hash"
-PACKAGE_URI = "relctl.package_uri"
+PACKAGE_URI = "relctl.package_uri"          # versions before schema 3; now derived from the release run
 MANIFEST_SHA256 = "relctl.package_manifest_sha256"
 CONTENT_SHA256 = "relctl.package_content_sha256"
 RELEASE_STATE = "relctl.release_state"
-GATES_NOTE = "relctl.gates"
 REJECTED_REASON = "relctl.rejected_reason"
-REJECTED = "relctl.rejected"                # `relctl canary MODEL`: why the canary rejected the version
-CANARY = "relctl.canary"                    # `relctl canary MODEL`: the canary's outcome and reason
 EXPORTER_PREFIX = "relctl.exporter."
 
 GIT_COMMIT = "lineage.git_commit"
@@ -71,6 +75,19 @@ TRAINING_GIT_DIRTY = "git.dirty"
 DATASET_CONTEXT = "mlflow.data.context"
 
 
+# The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
+VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, RELEASE_STATE, SERVING_CONFIG_HASH,
+                          MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON})
+MEMORY_PREFIX = "memory."
+TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
+
+
+def is_version_tag(key: str) -> bool:
+    """One of the documented tags of a model version."""
+    return key in VERSION_TAGS or (key.startswith(GATE_PREFIX) and key.endswith(STATUS_SUFFIX)
+                                   and key.count(".") == 2)
+
+
 def gate_status(gate_id: str) -> str:
     return f"{GATE_PREFIX}{gate_id}{STATUS_SUFFIX}"
 
@@ -85,6 +102,6 @@ def gate_statuses(tags: dict[str, str]) -> dict[str, str]:
             if k.startswith(GATE_PREFIX) and k.endswith(STATUS_SUFFIX)}
 
 
-def with_prefix(tags: dict[str, str], prefix: str) -> dict[str, str]:
+def with_prefix(tags: dict[str, V], prefix: str) -> dict[str, V]:
     """The tags under `prefix`, keyed without it."""
     return {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)}

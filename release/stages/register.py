@@ -1,4 +1,4 @@
-"""Register: an ONNX-servable MLflow model version with lineage tags, a model card and the package.
+"""Register: an ONNX-servable MLflow model version with its stable tags, metrics, a model card and the package.
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
 verify and load); the ONNX graph is logged through mlflow.onnx with a named TensorSpec signature and
@@ -28,9 +28,8 @@ from release.registry import tags as T
 from release.registry.runs import ReleaseRun
 from release.stages.base import Stage, StageInputs, StageResult, location
 from release.stages.package import MANIFEST, PackageManifest
+from release.versions import PACKAGE_ARTIFACT
 
-PACKAGE_ARTIFACT = "package"
-MLFLOW_TAG_MAX = 5000
 CONTENT_TAG = T.CONTENT_SHA256
 # Passed as expected_production when the caller has no comparison to protect (relctl register).
 NOT_CHECKED = "unchecked"
@@ -45,35 +44,43 @@ def content_sha256(package: PackageManifest) -> str:
     return sha256_json(package.files)
 
 
-def version_tags(lineage: dict[str, Any], package: PackageManifest, extra: dict[str, Any]) -> dict[str, str]:
-    """Flat, searchable lineage tags; long values are kept whole in the package manifest instead."""
+def version_tags(package: PackageManifest, lineage: dict[str, Any], extra: dict[str, Any]) -> dict[str, str]:
+    """The version's stable tags (release/registry/tags.py): ids, precision, state, integrity anchors."""
+    tags: dict[str, Any] = {
+        T.TRAINING_RUN: lineage.get("training", {}).get("run_id"),
+        T.GIT_COMMIT: lineage.get("training", {}).get("git_commit"),
+        T.PRECISION: package.data.get("precision"),
+        T.SERVING_CONFIG_HASH: package.serving_config_hash,
+        T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
+        T.CONTENT_SHA256: content_sha256(package),
+        **extra,
+    }
+    return _as_tags(tags)
+
+
+def lineage_tags(lineage: dict[str, Any], package: PackageManifest) -> dict[str, str]:
+    """The whole lineage, flat and searchable, for the release run (a version carries only its ids)."""
     training = lineage.get("training", {})
     ckpt = lineage.get("checkpoint", {})
     repo = lineage.get("release_repo", {})
     tags: dict[str, Any] = {
-        T.TRAINING_RUN: training.get("run_id"),
         T.GIT_COMMIT: training.get("git_commit"),
         T.GIT_DIRTY: training.get("git_dirty"),
         T.CONFIG_SHA256: ckpt.get("config_sha256"),
         T.RELEASE_REPO_COMMIT: repo.get("commit"),
         T.RELEASE_REPO_DIRTY: repo.get("dirty"),
-        T.PRECISION: package.data.get("precision"),
-        T.SERVING_CONFIG_HASH: package.serving_config_hash,
-        T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
-        T.CONTENT_SHA256: content_sha256(package),
         **{f"{T.DATA_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in training.get("data_sha256", {}).items()},
         **{f"{T.WEIGHTS_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("weights_sha256", {}).items()},
         **{f"{T.ADAPTER_PREFIX}{k}{T.SHA256_SUFFIX}": v for k, v in ckpt.get("adapter_sha256", {}).items()},
         **_exporter_tags(package.data.get("exporter")),
-        **extra,
     }
-    out = {}
-    for key, value in tags.items():
-        if value is None:
-            continue
-        text = value if isinstance(value, str) else json.dumps(value)
-        out[key] = text[:MLFLOW_TAG_MAX]
-    return out
+    return _as_tags(tags)
+
+
+def _as_tags(tags: dict[str, Any]) -> dict[str, str]:
+    # MLflow tags are strings; long values are kept whole in the package manifest instead.
+    return {key: (value if isinstance(value, str) else json.dumps(value))[:T.TAG_VALUE_MAX]
+            for key, value in tags.items() if value is not None}
 
 
 def _exporter_tags(exporter: Any) -> dict[str, Any]:
@@ -94,19 +101,22 @@ def unfinished_version(registry: Registry, name: str, content: str) -> str | Non
 
 
 def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageManifest, lineage: dict[str, Any],
-            extra: dict[str, Any], description: str, state: str = "registering") -> str:
-    """Log the package and its ONNX model to the release run and register them as a new version."""
+            extra: dict[str, Any], description: str, state: str = "registering",
+            numbers: dict[str, float] | None = None, details: dict[str, str] | None = None) -> str:
+    """Log the package and its ONNX model to the release run and register them as a new version, its
+    numbers as metrics of the version's LoggedModel."""
+    run.set_tags(lineage_tags(lineage, package))
     run.log_artifacts(package.root, PACKAGE_ARTIFACT)
     extras = [str(p) for p in sorted(package.model_dir.iterdir())
               if p.is_file() and not p.name.startswith("model.onnx")] + [str(package.root / MANIFEST)]
     model_path = package.model_dir / "model.onnx"
     info = run.log_onnx_model(model_path, extras)
-    tags = version_tags(lineage, package, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state,
-                                           T.PACKAGE_URI: f"runs:/{run.run_id}/{PACKAGE_ARTIFACT}", **extra})
+    tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state, **extra})
     registry.ensure_model(name, description="Served by relctl. Versions are promoted from training runs.")
     mv = registry.create_version(name, info.model_uri, run.run_id, tags, description,
                                  model_id=getattr(info, "model_id", None))
     pause_point("register:version-created")
+    registry.record_numbers(mv, run.run_id, numbers or {}, details or {})
     return str(mv.version)
 
 
@@ -143,6 +153,9 @@ class RegisterInputs(StageInputs):
     lineage: dict[str, Any]
     extra_tags: dict[str, Any]
     description: str
+    # The release's numbers (validation, gate and memory figures) and digests, for the version's LoggedModel.
+    numbers: dict[str, float] = Field(default_factory=dict)
+    details: dict[str, str] = Field(default_factory=dict)
     # production: released at once; candidate: registered and aliased `candidate` for an after-register
     # gate (the canary) to decide; none: registered only (relctl register without --production).
     target: Literal["production", "candidate", "none"] = "production"
@@ -190,9 +203,16 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         resumed = version is not None
         if version is None:
             version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
-                              state="registered" if i.target == "none" else "registering")
+                              state="registered" if i.target == "none" else "registering", numbers=i.numbers,
+                              details=i.details)
         else:
             notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
+            # This release's evidence replaces what the crashed one had recorded.
+            registry.set_version_tags(i.model, version, version_tags(self.package, i.lineage, {
+                T.RELEASE_RUN: self.release.run_id, **i.extra_tags}))
+            registry.record_numbers(registry.get_version(i.model, version), self.release.run_id, i.numbers,
+                                    i.details)
+            registry.set_description(i.model, version, i.description)
         if i.target == "none":
             return RegisterResult(version=version, outcome="registered", resumed_version=resumed, notes=notes)
         if i.target == "candidate":
@@ -219,15 +239,15 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
 def register_package(registry: Registry, package: PackageManifest, name: str, production: bool) -> tuple[str, str]:
     """Register a verified package on its own (`relctl register`): (version, release run id).
 
-    The same RegisterStage as promote's, with lineage from the package manifest; no gate ran, which the
-    version's tags say.
+    The same RegisterStage as promote's, with lineage from the package manifest; no gate ran, so the
+    version has no gate.<id>.status tags, and its card says so.
     """
     content = content_sha256(package)
     description = (f"# {name} — {package.data.get('precision')} ONNX\n\nRegistered with `relctl register` "
                    f"from a package (content sha256 `{content}`); no gate ran.")
     with registry.release_run(name, f"register {name} from {package.root.name}", {T.OUTCOME: "registered"}) as run:
         inputs = RegisterInputs(model=name, content_sha256=content, lineage=package.data.get("lineage", {}),
-                                extra_tags={T.GATES_NOTE: "not run (relctl register)"}, description=description,
+                                extra_tags={}, description=description,
                                 target="production" if production else "none", reason="relctl register --production",
                                 package_dir=package.root)
         with tempfile.TemporaryDirectory() as tmp:

@@ -97,7 +97,9 @@ def test_failed_canary_rejects_and_a_rollback_during_one_wins(tmp_path: Path, pa
     move = finish_canary(registry, "tiny-llm", v2, v1, gate_result("canary", failed, tmp_path / "gate"))
     assert move is not None and move.changes == {CANDIDATE: [v2, None]}
     assert registry.aliases("tiny-llm") == {PRODUCTION: v1}
-    assert "error_rate" in registry.get_version("tiny-llm", v2).tags[REJECTED_TAG]
+    rejected = registry.get_version("tiny-llm", v2).tags
+    assert "error_rate" in rejected[REJECTED_TAG] and rejected["gate.canary.status"] == "fail"
+    assert rejected["relctl.release_state"] == "rejected"
     # v3 under canary; meanwhile an operator moves production: the canary's pass must not override it.
     v3, _ = register(shutil.copytree(packages[1], tmp_path / "p3"), "tiny-llm", project)
     start_canary(registry, "tiny-llm", v3)

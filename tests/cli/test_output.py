@@ -50,12 +50,14 @@ def test_a_long_stage_prints_a_heartbeat_when_not_on_a_terminal() -> None:
 
 def test_status_json_gives_numbers_and_the_model_uri(project_dir: Path, tmp_path: Path) -> None:
     version = _register(project_dir, tmp_path, 1)
-    Registry(resolve_store(project_dir)).set_version_tag(MODEL, version, "validation.top1_agreement", "0.969")
+    registry = Registry(resolve_store(project_dir))
+    mv = registry.get_version(MODEL, version)
+    registry.record_numbers(mv, mv.run_id, {"validation.top1_agreement": 0.969}, {})
     result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "status", MODEL, "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     production = data["aliases"]["production"]
-    assert data["schema_version"] == 2 and production["validation"]["top1_agreement"] == 0.969
+    assert data["schema_version"] == 2 and production["validation"] == {"top1_agreement": 0.969}
     assert production["model_uri"] == f"models:/{MODEL}/{version}"
     assert production["link"] == f"#/models/{MODEL}/versions/{version}"
     text = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "status", MODEL])

@@ -31,8 +31,8 @@ def run_eval(package: Path, work: Path, eval_set: Path | None, production: Produ
     return result
 
 
-def prod(package: Path, tags: dict[str, str] | None = None) -> ProductionRef:
-    return ProductionRef(version="1", package_dir=package, tags=tags or {})
+def prod(package: Path, tags: dict[str, str] | None = None, metrics: dict[str, float] | None = None) -> ProductionRef:
+    return ProductionRef(version="1", package_dir=package, tags=tags or {}, metrics=metrics or {})
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +85,18 @@ def test_slightly_worse_release_fails_no_regression_but_passes_absolute(
     assert "min_relative_change" in result.reason
 
 
-def test_production_metrics_come_from_tags_when_the_dataset_digest_matches(
+def test_production_metrics_are_its_recorded_numbers_when_the_dataset_digest_matches(
     first_release: GateResult, trained_package: Path, eval_set: Path, tmp_path: Path,
 ) -> None:
-    tags = {"gate.eval.dataset_sha256": first_release.details["dataset_sha256"],
-            **{f"gate.eval.{k}": repr(v) for k, v in first_release.metrics.items()}}
-    # The package is gone: the gate may only read the tags, never compute.
-    result = run_eval(trained_package, tmp_path, eval_set, prod(tmp_path / "deleted", tags))
-    assert result.details["production_source"] == "tags"
+    tags = {"gate.eval.dataset_sha256": first_release.details["dataset_sha256"]}
+    recorded = {f"gate.eval.{k}": v for k, v in first_release.metrics.items()}
+    # The package is gone: the gate may only read what production's release recorded, never compute.
+    result = run_eval(trained_package, tmp_path, eval_set, prod(tmp_path / "deleted", tags, recorded))
+    assert result.details["production_source"] == "recorded"
     assert result.details["production_metrics"] == first_release.metrics
     assert result.status == "pass", result.reason
     stale = {**tags, "gate.eval.dataset_sha256": "0" * 64}
-    recomputed = run_eval(trained_package, tmp_path / "stale", eval_set, prod(trained_package, stale))
+    recomputed = run_eval(trained_package, tmp_path / "stale", eval_set, prod(trained_package, stale, recorded))
     assert recomputed.details["production_source"] == "computed"
     assert recomputed.details["production_metrics"] == first_release.metrics
 

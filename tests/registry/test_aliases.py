@@ -38,9 +38,9 @@ def _register(project_dir: Path, tmp: Path, n: int) -> str:
     mlflow.set_experiment(experiment_id=ensure_experiment(store, "releases"))
     with mlflow.start_run() as run:
         mlflow.log_artifacts(str(package.root), "package")
-        uri = f"runs:/{run.info.run_id}/package"
     registry.ensure_model(MODEL, "test")
-    tags = {T.PACKAGE_URI: uri, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST)}
+    # The package is found as `package/` of the release run the version names.
+    tags = {T.RELEASE_RUN: run.info.run_id, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST)}
     mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id, tags, f"v{n}")
     promote_version(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
     return str(mv.version)

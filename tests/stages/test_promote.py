@@ -6,15 +6,18 @@ then a precision that fails its validation thresholds is blocked and production 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +27,7 @@ from click.testing import CliRunner, Result
 
 from release.cli import cli
 from release.registry import Registry
+from release.registry.client import logged_model_id
 from release.store import resolve_store
 from tests.conftest import load_train_module
 
@@ -36,6 +40,13 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llm"
 
 def relctl(project: Path, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--project-dir", str(project), *args])
+
+
+def documented_version_tags() -> set[str]:
+    """The tag names of the README's table of model-version tags (the first cell of each row)."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    section = text.split("### Tags on a model version", 1)[1].split("\n#", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE))
 
 
 @pytest.fixture(scope="module")
@@ -70,23 +81,34 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert report["aliases"] == {"production": [None, "1"]}
     registry = Registry(resolve_store(story["project"]))
     mv = registry.get_version(MODEL, "1")
-    assert mv.tags["relctl.training_run_id"] == story["runs"][0]
-    assert mv.tags["relctl.precision"] == "int4"
-    assert len(mv.tags["lineage.config_sha256"]) == 64
-    assert len(mv.tags["lineage.data.eval.sha256"]) == 64
-    assert mv.tags["lineage.weights.model.safetensors.sha256"] == report["lineage"]["checkpoint"]["weights_sha256"][
-        "model.safetensors"]
-    assert mv.tags["relctl.package_uri"].endswith("/package")
+    # A small stable set of tags, documented in the README; numbers are metrics; lineage lives on the release run.
+    assert set(mv.tags) == {"relctl.training_run_id", "relctl.release_run_id", "lineage.git_commit",
+                            "relctl.precision", "relctl.release_state", "relctl.serving_config_hash",
+                            "relctl.package_manifest_sha256", "relctl.package_content_sha256", "gate.eval.status",
+                            "gate.safety.status", "gate.memory.status", "gate.load.status", "gate.canary.status"}
+    assert documented_version_tags() >= {k for k in mv.tags if not k.endswith(".status")}
+    assert mv.tags["relctl.training_run_id"] == story["runs"][0] and mv.tags["relctl.precision"] == "int4"
+    assert mv.tags["relctl.release_run_id"] == report["release_run"] == mv.run_id
+    release_run = registry.get_run(report["release_run"]).data.tags
+    assert len(release_run["lineage.config_sha256"]) == 64 and len(release_run["lineage.data.eval.sha256"]) == 64
+    assert release_run["lineage.weights.model.safetensors.sha256"] == report["lineage"]["checkpoint"][
+        "weights_sha256"]["model.safetensors"]
     assert mv.description.startswith(f"# {MODEL} — int4 ONNX")
     assert "top1_agreement" in mv.description
     # Gates ran before registration and are summarized on the version.
-    assert [(g["gate"], g["status"]) for g in report["gates"]] == [("eval", "pass"), ("safety", "pass"),
-                                                                   ("load", "pass"), ("canary", "skipped")]
-    assert report["gates"][3]["reason"] == "no production version (first release)"
-    load = report["gates"][2]
+    assert [(g["gate"], g["status"]) for g in report["gates"]] == [
+        ("eval", "pass"), ("safety", "pass"), ("memory", "pass"), ("load", "pass"), ("canary", "skipped")]
+    assert report["gates"][4]["reason"] == "no production version (first release)"
+    load = report["gates"][3]
     assert load["metrics"]["error_rate"] == 0.0 and load["metrics"]["cost_per_million_tokens"] > 0
-    assert mv.tags["gate.eval.status"] == "pass" and mv.tags["gate.safety.status"] == "pass"
-    assert float(mv.tags["gate.eval.exact_match"]) >= 0.8
+    assert mv.tags["gate.eval.status"] == "pass" and mv.tags["gate.canary.status"] == "skipped"
+    # The numbers are metrics of the version's LoggedModel, which the MLflow UI shows on the version page.
+    logged = {m.key: m.value for m in registry.client.get_logged_model(logged_model_id(mv)).metrics}
+    eval_gate = report["gates"][0]
+    assert logged["gate.eval.exact_match"] == eval_gate["metrics"]["exact_match"] >= 0.8
+    assert logged["gate.load.error_rate"] == 0.0
+    assert logged["validation.top1_agreement"] == report["validation"]["metrics"]["top1_agreement"]
+    assert logged["memory.peak_bytes"] == report["memory"]["peak_bytes"]
     assert "## Gates" in mv.description and "report/report.html" in mv.description
 
 
@@ -98,6 +120,13 @@ def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> 
     # The example's release.yaml has a canary: v2 was `candidate` until it passed, then one move did it all.
     assert report["aliases"] == {"production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]}
     assert next(g for g in report["gates"] if g["gate"] == "canary")["status"] == "pass"
+    # The load gate replayed the same plan against production: reported and drawn beside the candidate.
+    load = next(g for g in report["gates"] if g["gate"] == "load")
+    assert load["details"]["production_label"] == "v1 production"
+    assert load["details"]["production_metrics"]["error_rate"] == 0.0
+    assert report["production"]["version"] == "1" and "gate.eval.exact_match" in report["production"]["metrics"]
+    card = Registry(resolve_store(story["project"])).get_version(MODEL, "2").description
+    assert "Replaced production [`v1`](#/models/tiny-llm/versions/1)" in card
 
 
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
@@ -158,7 +187,7 @@ def test_dry_run_runs_everything_and_registers_nothing(story: dict[str, Any]) ->
     assert result.exit_code == 0, result.output + result.stderr
     report = json.loads(result.stdout)
     assert (report["outcome"], report["version"]) == ("dry-run", None)
-    assert [g["status"] for g in report["gates"]] == ["pass", "pass", "pass"]
+    assert [g["status"] for g in report["gates"]] == ["pass", "pass", "pass", "pass"]
     assert {"intake", "validate", "package"} <= set(report["stages"])
     # Run 2 went through these stages when it was promoted: a re-run resumes them from their manifests.
     assert all(report["stages"][s]["resumed"] for s in ("intake", "merge", "reference", "convert"))
@@ -170,7 +199,8 @@ def test_undertrained_candidate_fails_eval_and_production_is_untouched(
     project = story["project"]
     registry = Registry(resolve_store(project))
     before = registry.aliases(MODEL)
-    production_em = float(registry.get_version(MODEL, before["production"]).tags["gate.eval.exact_match"])
+    production_em, _ = registry.recorded_numbers(registry.get_version(MODEL, before["production"]))
+    production_em = production_em["gate.eval.exact_match"]
     short = replace(tiny_run.config, base_steps=40, lora_steps=10)
     undertrained = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("undertrained"), short)
     run_id = load_train_module().log_run(undertrained, project, experiment=MODEL)
@@ -260,25 +290,30 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def render_page(url: str, tmp_path: Path) -> str:
-    """The DOM of `url` after its JavaScript ran, from headless Chromium (installed by `make test`)."""
-    chromium = shutil.which("chromium")
-    assert chromium, "chromium is not installed: `make test` installs it (apt-get install chromium)"
+SCREENSHOTS = Path(os.environ.get("RELCTL_TEST_OUTPUT", Path(__file__).parents[2] / "test-output")) / "registry-ui"
+
+
+def chromium(url: str, tmp_path: Path, screenshot: Path | None = None) -> str:
+    """The DOM of `url` after its JavaScript ran, from headless Chromium (installed by `make test`); with
+    `screenshot`, a PNG of the page instead (Chromium does one or the other per run)."""
+    binary = shutil.which("chromium")
+    assert binary, "chromium is not installed: `make test` installs it (apt-get install chromium)"
+    action = ["--dump-dom"] if screenshot is None else [f"--screenshot={screenshot}", "--window-size=1400,2600"]
     done = subprocess.run(
-        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'chrome'}",
-         "--virtual-time-budget=15000", "--dump-dom", url],
+        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+         f"--user-data-dir={tmp_path / 'chrome'}", "--virtual-time-budget=15000", *action, url],
         capture_output=True, text=True, timeout=120, check=True)
     return done.stdout
 
 
-def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any], tmp_path: Path) -> None:
-    """`mlflow server` on the same store serves what the registry UI renders: aliases, tags, card."""
-    project, port = story["project"], _free_port()
-    store = resolve_store(project)
+@contextlib.contextmanager
+def mlflow_server(store_uri: str) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1 over the project's own store; yields its base URL."""
+    port = _free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store.tracking_uri,
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri,
          "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -292,24 +327,65 @@ def test_mlflow_ui_server_shows_aliases_tags_and_model_card(story: dict[str, Any
                 pass
             assert time.monotonic() < deadline and server.poll() is None, "mlflow server did not start"
             time.sleep(0.3)
-        assert "<html" in httpx.get(f"{base}/", timeout=10).text.lower()
-        model = httpx.get(f"{base}/api/2.0/mlflow/registered-models/get", params={"name": MODEL}, timeout=10).json()
-        aliases = {a["alias"]: a["version"] for a in model["registered_model"]["aliases"]}
-        assert aliases["production"] == Registry(store).aliases(MODEL)["production"]
-        version = httpx.get(f"{base}/api/2.0/mlflow/model-versions/get",
-                            params={"name": MODEL, "version": "2"}, timeout=10).json()["model_version"]
-        tags = {t["key"]: t["value"] for t in version["tags"]}
-        assert tags["relctl.training_run_id"] == story["runs"][1]
-        assert version["description"].startswith(f"# {MODEL} — int4 ONNX")
-        # And the registry UI itself, rendered by a real headless browser.
-        production = Registry(store).aliases(MODEL)["production"]
-        dom = render_page(f"{base}/#/models/{MODEL}/versions/{production}", tmp_path)
-        assert 'title="production"' in dom                      # the alias tag
-        assert f"{MODEL} — int4 ONNX" in dom and "Validation against the fp32 reference" in dom  # model card
-        assert "relctl.training_run_id" in dom and story["runs"][int(production) - 1] in dom      # lineage tags
+        yield base
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path) -> None:
+    """Headless Chromium on a real `mlflow server`: v2's page shows the card, whose every link resolves to
+    the page it names, and the release run's artifacts show the plots. Screenshots in test-output/."""
+    store = resolve_store(story["project"])
+    registry = Registry(store)
+    mv = registry.get_version(MODEL, "2")  # promoted through the canary, replacing v1
+    card = mv.description
+    links = dict(re.findall(r"\[([^\]]+)\]\((#/[^)\s]+)\)", card))
+    release_run, training_run = mv.tags["relctl.release_run_id"], mv.tags["relctl.training_run_id"]
+    experiment = registry.get_run(release_run).info.experiment_id
+    # The card links the release run, the training run, the version it replaced and each plot (relative
+    # links: the embedded store has no server URL of its own).
+    assert links[f"`{release_run}`"] == f"#/experiments/{experiment}/runs/{release_run}"
+    assert links[f"`{training_run}`"].endswith(f"/runs/{training_run}")
+    assert links["`v1`"] == f"#/models/{MODEL}/versions/1"
+    plots = {title: url for title, url in links.items() if "/artifactPath/plots/" in url}
+    assert {"load: latency cdf", "memory: memory plan"} <= set(plots) and any(t.startswith("canary:") for t in plots)
+    assert "| metric | value | bound | production | result |" in card and "## Memory plan" in card
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with mlflow_server(store.tracking_uri) as base:
+        page = f"{base}/#/models/{MODEL}/versions/2"
+        dom = chromium(page, tmp_path)
+        chromium(page, tmp_path, SCREENSHOTS / "version-page.png")
+        assert f"{MODEL} — int4 ONNX" in dom and "Validation against the fp32 reference" in dom   # the card
+        assert "Memory plan" in dom and "relctl.release_run_id" in dom and "gate.canary.status" in dom
+        for href in set(links.values()):  # the rendered card carries each link, and each one resolves
+            assert f'href="{href}"' in dom, href
+        assert release_run in chromium(f"{base}/{links[f'`{release_run}`']}", tmp_path)
+        assert training_run in chromium(f"{base}/{links[f'`{training_run}`']}", tmp_path)
+        replaced = chromium(f"{base}/{links['`v1`']}", tmp_path)
+        assert f"{MODEL} — int4 ONNX" in replaced and "Version 1" in replaced
+        # MLflow 3.17's version page does not list metrics: its logged model's page does, linked both ways.
+        numbers = f"{base}/{links['logged model']}"
+        logged = chromium(numbers, tmp_path)
+        chromium(numbers, tmp_path, SCREENSHOTS / "logged-model-metrics.png")
+        assert all(name in logged for name in ("gate.eval.exact_match", "validation.top1_agreement",
+                                               "gate.load.ttft_p99_ms", "memory.peak_bytes"))
+        assert f'href="#/models/{MODEL}/versions/2"' in logged
+        # The release run's artifacts: the plots are listed in the UI and served as PNG images.
+        load_plot = plots["load: latency cdf"]
+        artifacts = chromium(f"{base}/{load_plot}", tmp_path)
+        chromium(f"{base}/{load_plot}", tmp_path, SCREENSHOTS / "release-run-plots.png")
+        listed = httpx.get(f"{base}/api/2.0/mlflow/artifacts/list", params={"run_id": release_run, "path": "plots"},
+                           timeout=10).json()["files"]
+        names = {PurePosixPath(f["path"]).name for f in listed}
+        assert {"load-latency-cdf.png", "memory-memory-plan.png"} <= names
+        assert all(name in artifacts for name in names), "the artifacts tree lists every plot"
+        for name in names:
+            png = httpx.get(f"{base}/get-artifact", params={"path": f"plots/{name}", "run_uuid": release_run},
+                            timeout=10)
+            assert png.status_code == 200 and png.content.startswith(b"\x89PNG"), name
+    for shot in ("version-page.png", "release-run-plots.png", "logged-model-metrics.png"):
+        assert (SCREENSHOTS / shot).stat().st_size > 20_000, f"{shot}: an empty page?"
 
 
 def test_register_subcommand_registers_a_package_with_its_lineage(story: dict[str, Any], tmp_path: Path) -> None:
@@ -321,7 +397,9 @@ def test_register_subcommand_registers_a_package_with_its_lineage(story: dict[st
     registry = Registry(resolve_store(project))
     assert registry.aliases("manual") == {"production": "1"}
     tags = registry.get_version("manual", "1").tags
-    assert tags["relctl.training_run_id"] == run2 and tags["relctl.gates"].startswith("not run")
+    assert tags["relctl.training_run_id"] == run2 and tags["relctl.release_state"] == "released"
+    assert not [k for k in tags if k.startswith("gate.")]
+    assert "no gate ran" in registry.get_version("manual", "1").description
     tampered = tmp_path / "package"
     shutil.copytree(package, tampered)
     (tampered / "model" / "genai_config.json").write_text("{}")
@@ -346,10 +424,12 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
     assert result.exit_code == 0, result.output + result.stderr
     chain = json.loads(result.stdout)
     tags = registry.get_version(MODEL, production).tags
+    lineage = registry.get_run(tags["relctl.release_run_id"]).data.tags  # the whole lineage is on the release run
     assert (chain["model"], chain["version"]) == (MODEL, production)
     assert chain["training_run"]["id"] == story["runs"][int(production) - 1]
-    assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit")
-    assert chain["data_sha256"]["eval"] == tags["lineage.data.eval.sha256"]
+    assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit") == lineage.get("lineage.git_commit")
+    assert chain["data_sha256"]["eval"] == lineage["lineage.data.eval.sha256"]
+    assert len(chain["weights_sha256"]["model.safetensors"]) == 64 and len(chain["config_sha256"]) == 64
     assert chain["release_run"]["outcome"] == "released" and chain["gates"]["eval"] == "pass"
     assert chain["integrity"]["ok"] is True and "serving_config_mismatch" not in chain
     text = relctl(project, "trace", f"{MODEL}:{production}")

@@ -38,13 +38,16 @@ def check_url(url: str) -> None:
 def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptions, out_dir: Path,
               do_sweep: bool = False, sweep_rates: list[float] | None = None, step_duration_s: float = 10.0,
               base_dir: Path | None = None, segment: Segment | None = None,
-              start_at: float | None = None) -> dict[str, Any]:
+              start_at: float | None = None, labels: list[str] | None = None) -> dict[str, Any]:
     """Benchmark `urls[0]` (and compare with the rest); returns the report also written to summary.json.
 
     `client.base_url` is ignored (each URL is used in turn); `client.model` None: ask each endpoint.
     Synthetic prompts are sized to the smallest context the endpoints report at /v1/models.
     `segment`: send only that share of the plan, starting at the Unix time `start_at` (segments.py).
+    `labels`: one per URL, as records and plots name them (e.g. "candidate", "production v3"); default host-port.
     """
+    if labels is not None and (len(labels) != len(urls) or len(set(labels)) != len(labels)):
+        raise InputError("bench: give one distinct label per endpoint", hint="one --label per URL")
     if not urls:
         raise InputError("bench: no endpoint URL given", hint="relctl bench http://127.0.0.1:8000")
     if do_sweep and len(urls) > 1:
@@ -60,8 +63,8 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
     infos = {url: _discover(url, client.model) for url in urls}
     contexts = [info.max_model_len for info in infos.values() if info.max_model_len is not None]
     context = min(contexts) if contexts else None
-    endpoints = {_label(i, url, len(urls)): replace(client, base_url=url, model=client.model or infos[url].model)
-                 for i, url in enumerate(urls)}
+    endpoints = {(labels[i] if labels else _label(i, url, len(urls))):
+                 replace(client, base_url=url, model=client.model or infos[url].model) for i, url in enumerate(urls)}
     report: dict[str, Any] = {"traffic": traffic.model_dump(), "slos": slos.model_dump(),
                               "client": _client_json(client), "max_model_len": context}
     if do_sweep:
@@ -74,13 +77,13 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
         report.update(kind="sweep", best_rate=best.rate if best else None,
                       best=best.to_json() if best else None)
         report["plots"] = [str(plot_latency_vs_rate(runs, out_dir / "latency-vs-rate.png")),
-                           str(plot_cdfs(runs, out_dir / "latency-cdf.png"))]
+                           str(plot_cdfs(runs, out_dir / "latency-cdf.png", slos))]
     else:
         runs, digest, planned = compare(endpoints, traffic, slos, base_dir=base_dir, max_model_len=context,
                                segment=segment, start_at=start_at)
         out_dir.mkdir(parents=True, exist_ok=True)
         report.update(kind="compare" if len(runs) > 1 else "run", plan_digest=digest, plan_requests=planned,
-                      plots=[str(plot_cdfs(runs, out_dir / "latency-cdf.png"))])
+                      plots=[str(plot_cdfs(runs, out_dir / "latency-cdf.png", slos))])
         if segment is not None:
             report.update(kind="segment", segment=segment.to_json(), start_at=start_at)
     report["runs"] = [_with_records(run, out_dir) for run in runs]
@@ -114,7 +117,7 @@ def merge_segments(folders: list[Path], out_dir: Path, slos: SLOs | None = None)
         "plan_digest": first.get("plan_digest"), "segments": [str(run.folder) for run in runs],
         "per_segment": [{"segment": run.report["segment"], "requests": len(run.records),
                          "achieved_rate": run.report["runs"][0]["summary"]["achieved_rate"]} for run in runs],
-        "plots": [str(plot_cdfs([merged], out_dir / "latency-cdf.png"))],
+        "plots": [str(plot_cdfs([merged], out_dir / "latency-cdf.png", slos))],
         "runs": [_with_records(merged, out_dir)]}
     report["passed"] = merged.passed
     write_json(out_dir / "summary.json", report)
