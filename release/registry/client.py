@@ -24,6 +24,7 @@ from release.registry import aliases as al
 from release.registry import lock as lk
 from release.registry import runs
 from release.registry import tags as T
+from release.registry.model_page import model_page
 from release.store import Store, ensure_experiment
 
 PRODUCTION = "production"
@@ -300,6 +301,8 @@ class Registry:
             notes = al.repair_pending(self.client, name, lambda: self.aliases(name))
             current = self.aliases(name)
             move = al.apply_move(self.client, name, current, decide(current), action, reason, release_run)
+        if move is not None or notes:
+            self.refresh_model_page(name)
         return move, notes
 
     def move_aliases(self, name: str, changes: dict[str, str | None], action: str, reason: str,
@@ -310,7 +313,9 @@ class Registry:
 
     def record_event(self, name: str, action: str, reason: str, release_run: str | None) -> al.AliasMove:
         with self.lock(name, action):
-            return al.record_event(self.client, name, action, reason, release_run)
+            event = al.record_event(self.client, name, action, reason, release_run)
+        self.refresh_model_page(name)
+        return event
 
     def repair(self, name: str) -> list[str]:
         """Repair what a dead process left half-done on `name`'s aliases (one note per repair)."""
@@ -319,7 +324,21 @@ class Registry:
         if not any(m.state == "pending" for m in al.read_history(self.client, name, include_abandoned=True)):
             return []
         with self.lock(name, "repair"):
-            return al.repair_pending(self.client, name, lambda: self.aliases(name))
+            notes = al.repair_pending(self.client, name, lambda: self.aliases(name))
+        self.refresh_model_page(name)
+        return notes
+
+    def refresh_model_page(self, name: str) -> None:
+        """Rewrite the registered model's description from its aliases and history (model_page.py).
+
+        A view of the record, written after the move: if it cannot be written, the move still stands and
+        the next move rewrites it, so a failure here is not the command's failure."""
+        try:
+            page = model_page(name, self.aliases(name), self.history(name), self.store.tracking_uri,
+                              self.releases_experiment())
+            self.client.update_registered_model(name, description=page)
+        except (MlflowException, RegistryError):
+            pass
 
     def replaced_by(self, name: str, version: str) -> str | None:
         """The version `version` replaced as production when it was last promoted (from relctl's history)."""

@@ -25,6 +25,7 @@ from release.hashing import sha256_file, sha256_json
 from release.pipeline import run_standalone
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
+from release.registry.model_page import INTRO as MODEL_INTRO
 from release.registry.runs import ReleaseRun
 from release.stages.base import Stage, StageInputs, StageResult, location
 from release.stages.package import MANIFEST, PackageManifest
@@ -112,7 +113,7 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
     model_path = package.model_dir / "model.onnx"
     info = run.log_onnx_model(model_path, extras)
     tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state, **extra})
-    registry.ensure_model(name, description="Served by relctl. Versions are promoted from training runs.")
+    registry.ensure_model(name, description=MODEL_INTRO)
     mv = registry.create_version(name, info.model_uri, run.run_id, tags, description,
                                  model_id=getattr(info, "model_id", None))
     pause_point("register:version-created")

@@ -69,6 +69,13 @@ def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
     assert moves[2]["changes"] == {"production": [v2, v1], "previous": [v1, None]}
     assert moves[2]["reason"] == "p99 regression"
     assert all(m["at"] <= n["at"] for m, n in pairwise(moves))
+    # The registered model's page (its description) shows the same history as a table, newest first.
+    page = registry.client.get_registered_model(MODEL).description
+    aliases = page.split("## Aliases", 1)[1].split("## Alias history", 1)[0]
+    assert f"| `production` | [v{v1}](#/models/{MODEL}/versions/{v1}) |" in aliases and "previous" not in aliases
+    rows = [line for line in page.split("## Alias history", 1)[1].splitlines() if line.startswith("| 2")]
+    assert [row.split(" | ")[1] for row in rows] == ["rollback", "promote", "promote"]
+    assert f"`production` [v{v2}](#/models/{MODEL}/versions/{v2}) → [v{v1}]" in rows[0] and "p99 regression" in rows[0]
 
 
 def test_rollback_without_previous_is_bad_input(project_dir: Path, tmp_path: Path) -> None:

@@ -364,6 +364,10 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
         assert training_run in chromium(f"{base}/{links[f'`{training_run}`']}", tmp_path)
         replaced = chromium(f"{base}/{links['`v1`']}", tmp_path)
         assert f"{MODEL} — int4 ONNX" in replaced and "Version 1" in replaced
+        # The registered model's page: aliases and the alias history as tables, not raw JSON tags.
+        model = chromium(f"{base}/#/models/{MODEL}", tmp_path)
+        chromium(f"{base}/#/models/{MODEL}", tmp_path, SCREENSHOTS / "model-page.png")
+        assert "Alias history" in model and "test rollback" in model and f'href="#/models/{MODEL}/versions/2"' in model
         # MLflow 3.17's version page does not list metrics: its logged model's page does, linked both ways.
         numbers = f"{base}/{links['logged model']}"
         logged = chromium(numbers, tmp_path)
@@ -384,7 +388,7 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
             png = httpx.get(f"{base}/get-artifact", params={"path": f"plots/{name}", "run_uuid": release_run},
                             timeout=10)
             assert png.status_code == 200 and png.content.startswith(b"\x89PNG"), name
-    for shot in ("version-page.png", "release-run-plots.png", "logged-model-metrics.png"):
+    for shot in ("version-page.png", "release-run-plots.png", "logged-model-metrics.png", "model-page.png"):
         assert (SCREENSHOTS / shot).stat().st_size > 20_000, f"{shot}: an empty page?"
 
 
