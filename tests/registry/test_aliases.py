@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from itertools import pairwise
 from pathlib import Path
@@ -10,7 +11,7 @@ import mlflow
 import pytest
 from click.testing import CliRunner
 
-from release import api
+from release import api, links
 from release.cli import cli
 from release.errors import InputError
 from release.hashing import sha256_file
@@ -72,10 +73,12 @@ def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
     # The registered model's page (its description) shows the same history as a table, newest first.
     page = registry.client.get_registered_model(MODEL).description
     aliases = page.split("## Aliases", 1)[1].split("## Alias history", 1)[0]
-    assert f"| `production` | [v{v1}](#/models/{MODEL}/versions/{v1}) |" in aliases and "previous" not in aliases
+    # Links are relative to the UI on the embedded store and absolute behind a tracking server (tests/scale).
+    link = functools.partial(links.version_link, registry.store.tracking_uri, MODEL)
+    assert f"| `production` | [v{v1}]({link(v1)}) |" in aliases and "previous" not in aliases
     rows = [line for line in page.split("## Alias history", 1)[1].splitlines() if line.startswith("| 2")]
     assert [row.split(" | ")[1] for row in rows] == ["rollback", "promote", "promote"]
-    assert f"`production` [v{v2}](#/models/{MODEL}/versions/{v2}) → [v{v1}]" in rows[0] and "p99 regression" in rows[0]
+    assert f"`production` [v{v2}]({link(v2)}) → [v{v1}]" in rows[0] and "p99 regression" in rows[0]
 
 
 def test_rollback_without_previous_is_bad_input(project_dir: Path, tmp_path: Path) -> None:
