@@ -6,7 +6,10 @@ loop only queues jobs and sets their cancel flags, which the driver checks befor
 with the KV-cache layout the model builder emits, onnxruntime-genai 0.18 schedules statically: a batch
 is formed from the requests waiting when it starts and runs until each of them has finished; requests
 arriving meanwhile wait for the next batch (the paged-cache `dynamic_batching` scheduler, which admits
-into a running batch, needs a model exported with paged attention).
+into a running batch, needs a model exported with paged attention). Its static scheduler also steps at
+most 4 requests at once whatever `static_batching.max_batch_size` says (a constant in its source, which
+the reported capability does not show), so the width is measured at load and the driver itself keeps
+the batch within the configured size.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from release.serving.jobs import Finished, Job, StopMatcher, deliver
+from release.serving.jobs import Finished, Job, StopMatcher, deliver, sampled
 
 log = logging.getLogger("relctl.serve")
 
@@ -45,6 +48,7 @@ class Live:
 class BatchStats:
     steps: int = 0
     batched_tokens: int = 0  # token events summed over steps: mean batch = batched_tokens / steps
+    widest: int = 0  # the most token events one step produced
     resident: int = 0
     failures: int = 0
     services: deque[float] = field(default_factory=lambda: deque(maxlen=64))
@@ -53,8 +57,10 @@ class BatchStats:
 class BatchEngine:
     """og.Engine behind a thread: `submit(job)` from any thread; `close()` stops the driver."""
 
-    def __init__(self, og: Any, model: Any, tokenizer: Any, eos_ids: frozenset[int], gather_s: float = 0.005) -> None:
+    def __init__(self, og: Any, model: Any, tokenizer: Any, eos_ids: frozenset[int], max_batch_size: int,
+                 gather_s: float = 0.005) -> None:
         self._og = og
+        self.requested_batch_size = max_batch_size
         self._gather_s = gather_s
         self._tokenizer = tokenizer
         self._eos = eos_ids
@@ -83,14 +89,35 @@ class BatchEngine:
     def _own(self, model: Any) -> None:
         try:
             self.engine = self._og.Engine(model)
-            self.max_batch_size = int(self.engine.get_capabilities().configured_max_batch_size)
-            self._buffer = self.engine.create_event_buffer(max(64, 4 * self.max_batch_size))
+            self._buffer = self.engine.create_event_buffer(max(64, 4 * self.requested_batch_size))
+            self.max_batch_size = min(self.requested_batch_size, self._step_width(self.requested_batch_size))
         except Exception as exc:
             self._failure = exc
             return
         finally:
             self._ready.set()
         self._drive()
+
+    def _step_width(self, n: int) -> int:
+        """How many requests one engine step really runs when `n` wait: n one-token requests, counted in
+        the first step (two model steps of a one-token prompt: negligible next to loading the model)."""
+        if n == 1:
+            return 1
+        requests = []
+        for _ in range(n):
+            request = self.engine.create_request()
+            options = self._og.TurnOptions(request)
+            options.set_max_generated_tokens(1)
+            options.set_do_sample(False)
+            request.begin_turn(np.asarray([0], dtype=np.int32), options)
+            requests.append(request)
+        widths = []
+        while self.engine.has_pending_requests():
+            events = self.engine.run(self._buffer)
+            widths.append(sum(1 for event in events if event.flags & self._flags.TOKEN))
+        for request in requests:
+            request.close()
+        return max([w for w in widths if w] or [1])
 
     def submit(self, job: Job) -> None:
         with self._wake:
@@ -109,10 +136,13 @@ class BatchEngine:
             with self._wake:
                 while not self._inbox and not self._live and not self._closing:
                     self._wake.wait()
-                if self._closing and not self._inbox:
+                if self._closing:
+                    waiting = list(self._inbox)
+                    self._inbox.clear()
                     break
-                arrived = list(self._inbox)
-                self._inbox.clear()
+                # Never more in the engine than the batch size: the rest wait here, counted as queued.
+                room = max(0, self.max_batch_size - len(self._live))
+                arrived = [self._inbox.popleft() for _ in range(min(room, len(self._inbox)))]
             for job in arrived:
                 self._begin(job)
             self._check_cancels()
@@ -120,6 +150,9 @@ class BatchEngine:
                 self._flush()
                 self._gather()
             self._flush()
+        now = time.monotonic()
+        for job in waiting:
+            self._send(job, Finished("cancelled", 0, now - job.admitted))
         for live in list(self._live.values()):
             self._end(live, Finished("cancelled", live.count, live.started - live.job.admitted))
         self._flush()
@@ -179,16 +212,11 @@ class BatchEngine:
         options.set_max_generated_tokens(params.max_tokens)
         if params.ignore_eos:
             options.set_min_generated_tokens(params.max_tokens)
-        if params.temperature > 0:
+        if sampled(params):
             options.set_do_sample(True)
             options.set_temperature(params.temperature)
-            # The Engine keeps top_p in float32: a positive top_p below float32's range becomes 0, which it
-            # refuses. Any top_p that small keeps only the most likely token, which is exactly top_k = 1.
-            if float(np.float32(params.top_p)) <= 0.0:
-                options.set_top_k(1)
-            else:
-                options.set_top_p(params.top_p)
-                options.set_top_k(params.top_k)
+            options.set_top_p(params.top_p)
+            options.set_top_k(params.top_k)
         else:
             options.set_do_sample(False)
         return options
@@ -224,6 +252,7 @@ class BatchEngine:
                                          f"{type(exc).__name__}: {exc}"))
             return False
         self.stats.steps += 1
+        self.stats.widest = max(self.stats.widest, sum(1 for event in events if event.flags & self._flags.TOKEN))
         for event in events:
             owner = self._live.get(id(event.request))
             if owner is None:

@@ -27,7 +27,7 @@ from typing import Any
 from release.errors import InputError
 from release.runtime import open_tokenizer
 from release.serving.batching import BatchEngine
-from release.serving.jobs import Finished, Job, StopMatcher, emit_text
+from release.serving.jobs import Finished, Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import GenerationParams, ModelLimits
 from release.serving.settings import ServerSettings
 
@@ -82,7 +82,7 @@ class Engine:
         if mode == "off":
             return None, "off (serving.server.batching)"
         try:
-            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids,
+            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids, self.settings.max_batch_size,
                                 gather_s=self.settings.batch_gather_ms / 1e3)
         except Exception as exc:  # the Engine refuses models it cannot schedule (model-managed KV cache...)
             if mode == "on":
@@ -90,6 +90,12 @@ class Engine:
                                  f"serve this model: {exc}", hint="set serving.server.batching to auto or off") from exc
             log.info("batching unavailable, serving with %d generator threads: %s", self.settings.workers, exc)
             return None, f"unavailable: {exc}"
+        if batch.max_batch_size < batch.requested_batch_size:
+            note = (f"on, {batch.max_batch_size} requests per step: onnxruntime-genai's scheduler steps at most "
+                    f"{batch.max_batch_size} at once (measured at load), serving.server.max_batch_size is "
+                    f"{batch.requested_batch_size}")
+            log.info("batching %s", note)
+            return batch, note
         return batch, "on"
 
     @property
@@ -102,7 +108,8 @@ class Engine:
         steps = batch.stats.steps
         return {"mode": "engine", "max_batch_size": batch.max_batch_size, "healthy": batch.healthy,
                 "resident": batch.stats.resident, "steps": steps,
-                "mean_batch": round(batch.stats.batched_tokens / steps, 3) if steps else 0.0}
+                "mean_batch": round(batch.stats.batched_tokens / steps, 3) if steps else 0.0,
+                "widest_step": batch.stats.widest, "note": self.batching_note}
 
     # -- admission ---------------------------------------------------------------------------------
     @property
@@ -213,7 +220,7 @@ class Engine:
         options: dict[str, Any] = {"max_length": max_length}
         if params.ignore_eos:
             options["min_length"] = max_length
-        if params.temperature > 0:
+        if sampled(params):
             options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
             if params.seed is not None:
                 options["random_seed"] = params.seed

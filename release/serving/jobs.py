@@ -8,7 +8,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from release.serving.protocol import GenerationParams
+
+
+def sampled(params: GenerationParams) -> bool:
+    """Whether a request samples, on both generation paths. onnxruntime-genai keeps temperature and top_p
+    in float32; its Engine refuses sampling options that select the top token anyway (top_k 1 with a
+    temperature: "contradict it") and its Generator samples from top_k when top_p is 0 in float32. So
+    every request that can only ever get the most likely token (no temperature, top_k 1, or a top_p or
+    temperature that is 0 in float32) runs greedily: the tokens it asked for, on either path."""
+    return bool(float(np.float32(params.temperature)) > 0.0 and params.top_k != 1
+                and float(np.float32(params.top_p)) > 0.0)
 
 
 @dataclass(frozen=True)

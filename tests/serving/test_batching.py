@@ -26,7 +26,10 @@ def params(**overrides: object) -> GenerationParams:
     return GenerationParams(**{**base, **overrides})  # type: ignore[arg-type]
 
 
-def run_all(engine: Engine, jobs: list[tuple[str, GenerationParams]]) -> list[tuple[str, Finished]]:
+def run_all(engine: Engine, jobs: list[tuple[str, GenerationParams]], together: bool = False
+            ) -> list[tuple[str, Finished]]:
+    """Every job at once. `together`: all of them are in the batching engine's inbox before its driver
+    forms the next batch (the loop submits them one by one, and the driver may start a batch between two)."""
     async def one(prompt: str, p: GenerationParams) -> tuple[str, Finished]:
         pieces: list[str] = []
         async for event in engine.generate(engine.encode(prompt), p, time.monotonic() + 60, "test"):
@@ -36,7 +39,15 @@ def run_all(engine: Engine, jobs: list[tuple[str, GenerationParams]]) -> list[tu
         raise AssertionError("no Finished event")
 
     async def every() -> list[tuple[str, Finished]]:
-        return list(await asyncio.gather(*[one(prompt, p) for prompt, p in jobs]))
+        if not together or engine.batch is None:
+            return list(await asyncio.gather(*[one(prompt, p) for prompt, p in jobs]))
+        # The driver takes its inbox under this (reentrant) lock, so holding it on the loop thread while
+        # the tasks submit makes them arrive together.
+        with engine.batch._wake:
+            tasks = [asyncio.ensure_future(one(prompt, p)) for prompt, p in jobs]
+            while len(engine.batch._inbox) < len(jobs):
+                await asyncio.sleep(0)
+        return list(await asyncio.gather(*tasks))
 
     return asyncio.run(every())
 
@@ -54,12 +65,36 @@ def test_batched_greedy_answers_match_the_thread_pool(engines: tuple[Engine, Eng
     batched, threads = engines
     assert batched.batching["mode"] == "engine" and threads.batching["mode"] == "threads"
     jobs = [(p, params()) for p in PROMPTS] + [(PROMPTS[0], params(max_tokens=40, ignore_eos=False))]
-    together = run_all(batched, jobs)
+    # The engine's counters are cumulative and the module's engines are shared by tests that run in a
+    # random order, so this test's own steps are the difference.
+    stats = batched.batch.stats  # type: ignore[union-attr]
+    steps, tokens = stats.steps, stats.batched_tokens
+    together = run_all(batched, jobs, together=True)
+    own_steps, own_tokens = stats.steps - steps, stats.batched_tokens - tokens
     alone = run_all(threads, jobs)
     assert [text for text, _ in together] == [text for text, _ in alone]
     assert [(f.reason, f.output_tokens) for _, f in together] == [(f.reason, f.output_tokens) for _, f in alone]
     assert all(f.output_tokens == 24 and f.reason == "length" for _, f in together[:4])
-    assert batched.batching["mean_batch"] > 1.5, batched.batching  # they shared model steps
+    # All five were waiting: they ran in batches of the engine's width, in arrival order, each batch as
+    # long as its longest request (one at a time would take 136 steps).
+    width = batched.batching["max_batch_size"]
+    assert 1 < width <= 8 and batched.batching["widest_step"] == width
+    assert own_tokens == 4 * 24 + together[4][1].output_tokens
+    assert own_steps == sum(max(f.output_tokens for _, f in together[i:i + width])
+                            for i in range(0, len(together), width)), (own_steps, own_tokens, width)
+
+
+def test_the_batch_never_exceeds_its_configured_size(tiny_package: Path) -> None:
+    engine = Engine(tiny_package / "model", ServerSettings(batching="on", max_batch_size=2))
+    try:
+        assert engine.batching["max_batch_size"] == 2
+        jobs = [(p, params()) for p in PROMPTS] + [(PROMPTS[0], params(max_tokens=8))]
+        finished = run_all(engine, jobs, together=True)
+        assert [f.output_tokens for _, f in finished] == [24, 24, 24, 24, 8]
+        # Five waiting, two per step: batches (24, 24), (24, 24), (8).
+        assert engine.batching["widest_step"] == 2 and engine.batching["steps"] == 24 + 24 + 8
+    finally:
+        engine.close()
 
 
 def test_stop_strings_sampling_and_seeds_on_the_batched_path(engines: tuple[Engine, Engine]) -> None:
@@ -106,8 +141,10 @@ def test_server_reports_its_batch_size(tiny_package: Path, tmp_path: Path) -> No
     config = write_server_config(tmp_path / "release.yaml", batching="on", max_batch_size=8, queue_size=8)
     with ServerProcess(str(tiny_package), tmp_path / "srv", config=config) as proc:
         health = httpx.get(f"{proc.url}/health").json()
-        assert health["batching"]["mode"] == "engine" and health["batching"]["max_batch_size"] == 8
-        assert httpx.get(f"{proc.url}/v1/models").json()["data"][0]["max_batch_size"] == 8
+        # What the server reports is what the engine runs: at most 8, and no wider than a measured step.
+        width = health["batching"]["max_batch_size"]
+        assert health["batching"]["mode"] == "engine" and 1 < width <= 8
+        assert httpx.get(f"{proc.url}/v1/models").json()["data"][0]["max_batch_size"] == width
 
         async def crowd() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -119,7 +156,8 @@ def test_server_reports_its_batch_size(tiny_package: Path, tmp_path: Path) -> No
         assert [r.status_code for r in responses] == [200] * 6
         assert all(r.json()["usage"]["completion_tokens"] == 32 for r in responses)
         metrics = httpx.get(f"{proc.url}/metrics").text
-        assert "relctl_max_batch_size 8.0" in metrics
+        assert f"relctl_max_batch_size {float(width)}" in metrics
+        assert 1 < httpx.get(f"{proc.url}/health").json()["batching"]["widest_step"] <= width
         mean = float(next(line.split()[1] for line in metrics.splitlines()
                           if line.startswith("relctl_batch_mean_size ")))
         assert mean > 1.5, metrics
@@ -132,3 +170,21 @@ def test_a_top_p_below_float32_range_keeps_the_top_token(engines: tuple[Engine, 
     (text, finished), = run_all(batched, [(PROMPTS[0], tiny)])
     (greedy, _), = run_all(threads, [(PROMPTS[0], params())])
     assert finished.reason == "length" and text == greedy
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-46, 1e-30, 0.7, 2.0])
+def test_every_sampling_edge_is_served_on_both_paths(engines: tuple[Engine, Engine], temperature: float) -> None:
+    # Found by the schemathesis fuzz: {"temperature": 0.7, "top_k": 1} was a 500 on the batched path (the
+    # Engine refuses a temperature when top_k selects the top token); and the thread pool sampled when top_p
+    # was 0 in float32 but top_k was set. Every valid corner (the server refuses top_k above the vocabulary).
+    batched, threads = engines
+    corners = [params(temperature=temperature, top_k=top_k, top_p=top_p)
+               for top_k in (0, 1, 2, batched.limits.vocab_size) for top_p in (5e-324, 1e-45, 0.5, 1.0)]
+    for engine in (batched, threads):
+        finished = run_all(engine, [(PROMPTS[0], p) for p in corners])
+        assert [(f.reason, f.output_tokens, f.error) for _, f in finished] == [("length", 24, None)] * len(corners)
+    # Whatever can only pick the top token picks it: the greedy text on either path.
+    (greedy, _), = run_all(threads, [(PROMPTS[0], params())])
+    top_only = [p for p in corners if p.top_k == 1 or p.top_p == 5e-324 or temperature < 1e-45]
+    for engine in (batched, threads):
+        assert all(text == greedy for text, _ in run_all(engine, [(PROMPTS[0], p) for p in top_only]))
