@@ -111,13 +111,16 @@ class BatchEngine:
             options.set_do_sample(False)
             request.begin_turn(np.asarray([0], dtype=np.int32), options)
             requests.append(request)
-        widths = []
+        widths = [1]
         while self.engine.has_pending_requests():
-            events = self.engine.run(self._buffer)
-            widths.append(sum(1 for event in events if event.flags & self._flags.TOKEN))
+            widths.append(self._tokens(self.engine.run(self._buffer)))
         for request in requests:
             request.close()
-        return max([w for w in widths if w] or [1])
+        return max(widths)
+
+    def _tokens(self, events: Any) -> int:
+        """Token events in one step's events: the requests that step ran."""
+        return sum(1 for event in events if event.flags & self._flags.TOKEN)
 
     def submit(self, job: Job) -> None:
         with self._wake:
@@ -252,7 +255,7 @@ class BatchEngine:
                                          f"{type(exc).__name__}: {exc}"))
             return False
         self.stats.steps += 1
-        self.stats.widest = max(self.stats.widest, sum(1 for event in events if event.flags & self._flags.TOKEN))
+        self.stats.widest = max(self.stats.widest, self._tokens(events))
         for event in events:
             owner = self._live.get(id(event.request))
             if owner is None:

@@ -91,9 +91,8 @@ class Engine:
             log.info("batching unavailable, serving with %d generator threads: %s", self.settings.workers, exc)
             return None, f"unavailable: {exc}"
         if batch.max_batch_size < batch.requested_batch_size:
-            note = (f"on, {batch.max_batch_size} requests per step: onnxruntime-genai's scheduler steps at most "
-                    f"{batch.max_batch_size} at once (measured at load), serving.server.max_batch_size is "
-                    f"{batch.requested_batch_size}")
+            note = (f"on, {batch.max_batch_size} requests per step (onnxruntime-genai's scheduler, measured at "
+                    f"load; serving.server.max_batch_size is {batch.requested_batch_size})")
             log.info("batching %s", note)
             return batch, note
         return batch, "on"
