@@ -1,6 +1,6 @@
 """The eval gate: task metrics of the packaged model on an eval set, against thresholds and production.
 
-The model runs through release.runtime.GenaiModel, the runtime that serves it. Exact match compares
+The model runs through its backend (release.backends), the runtime that serves it. Exact match compares
 the greedy generation with `expected` after stripping; token accuracy and perplexity score the tokens
 of `separator + expected` (+ EOS) under teacher forcing. Production's metrics come from its version
 tags when they were measured on an eval set with the same sha256, else they are computed here on the
@@ -22,8 +22,8 @@ from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
 from gates.thresholds import MetricThreshold, check_metric
+from release.backends.base import LoadedModel
 from release.errors import ConfigError, InputError
-from release.runtime import GenaiModel
 
 EVIDENCE_FILE = "eval-predictions.jsonl"
 MAX_EXAMPLES = 20
@@ -123,7 +123,7 @@ class EvalGate:
         return checks, skipped
 
 
-def score_rows(model: GenaiModel, rows: tuple[EvalRow, ...], config: EvalConfig,
+def score_rows(model: LoadedModel, rows: tuple[EvalRow, ...], config: EvalConfig,
                needs_logits: bool) -> list[ScoredRow]:
     """Generate for every row, and score the expected tokens under teacher forcing when asked."""
     scored: list[ScoredRow] = []
@@ -134,7 +134,7 @@ def score_rows(model: GenaiModel, rows: tuple[EvalRow, ...], config: EvalConfig,
     return scored
 
 
-def _teacher_forced(model: GenaiModel, row: EvalRow,
+def _teacher_forced(model: LoadedModel, row: EvalRow,
                     separator: str) -> tuple[tuple[float, ...], tuple[bool, ...]]:
     """Log-probability and argmax hit of each target token (the answer's tokens, then EOS)."""
     prompt_ids = model.encode(row.prompt)

@@ -1,25 +1,26 @@
-"""Opening a package's model through the same runtime that serves it."""
+"""Opening a package's model through the same backend that serves it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from release.errors import InputError
-from release.runtime import GenaiModel
+from release.backends import backend_for_folder
+from release.backends.base import LoadedModel
+from release.core.package import MANIFEST, read_manifest
 
 
-def load_package_model(package_dir: Path) -> GenaiModel:
-    """The GenaiModel in `package_dir/model` (a relctl package) or `package_dir` itself (a bare model folder)."""
-    model_dir = package_dir / "model"
-    if not model_dir.is_dir():
-        if not (package_dir / "genai_config.json").is_file():
-            raise InputError(f"{package_dir}: not a relctl package (no model/ folder)",
-                             hint="pass the folder relctl promote built (it holds relctl-package.json)")
-        model_dir = package_dir
-    return GenaiModel.load(model_dir)
+def load_package_model(package_dir: Path) -> LoadedModel:
+    """The model in `package_dir/model` (a relctl package, loaded by the backend its manifest names) or
+    `package_dir` itself (a bare built folder, loaded by the backend whose runtime files it holds). The gate
+    runner verified the package before any gate ran."""
+    if (package_dir / MANIFEST).is_file():
+        manifest = read_manifest(package_dir)
+        return manifest.backend.load(manifest.model_dir)
+    model_dir = package_dir / "model" if (package_dir / "model").is_dir() else package_dir
+    return backend_for_folder(model_dir).load(model_dir)
 
 
-def complete(model: GenaiModel, prompt: str, max_new_tokens: int) -> str:
+def complete(model: LoadedModel, prompt: str, max_new_tokens: int) -> str:
     """The greedy answer to `prompt` as text, EOS dropped and surrounding whitespace stripped."""
     eos = set(model.eos_token_ids)
     ids = model.generate(prompt, max_new_tokens).token_ids

@@ -9,6 +9,7 @@ from typing import Any
 from release import links
 from release.config import CONFIG_FILE, load_config
 from release.contract import check_run
+from release.core.package import verify_package
 from release.errors import InputError, RegistryError
 from release.gating.plugins import load_gates
 from release.progress import Progress
@@ -16,7 +17,6 @@ from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.report import ReleaseReport
-from release.stages.package import verify_package
 from release.stages.register import register_package
 from release.store import connect, resolve_store
 from release.versions import fetch_package

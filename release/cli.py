@@ -79,8 +79,7 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
-@click.option("--precision", type=click.Choice(["fp32", "fp16", "int8", "int4"]),
-              help="Override convert.precision.")
+@click.option("--precision", help="Override convert.precision (one an installed backend builds: relctl backends).")
 @click.option("--model", "model_name", help="Override the registered model name.")
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -221,6 +220,20 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)
+
+
+@cli.command()
+@json_option
+@handled
+def backends(as_json: bool) -> None:
+    """The installed serving-engine backends: precisions, execution providers and the families each takes."""
+    from release.backends import available_backends
+
+    found = available_backends()
+    data = [{"id": b.id, "version": b.version(), "precisions": list(b.precisions),
+             "execution_providers": list(b.execution_providers), "families": b.families,
+             "runtime_files": list(b.runtime_files)} for b in found.values()]
+    emit(data, as_json, lambda: click.echo("\n".join(b.describe() for b in found.values()) or "no backend installed"))
 
 
 def _attach_commands() -> None:

@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from release.errors import ConfigError
 from release.serving.settings import ServerSettings
 
-Precision = Literal["fp32", "fp16", "int8", "int4"]
 CONFIG_FILE = "release.yaml"
+# Keys that were replaced: the message says by what, instead of a did-you-mean guess.
+RENAMED = {"convert.exporter": "use convert.backend: auto, or a backend id (relctl backends lists them); the "
+                               "torch exporter was removed: it built models nothing served"}
 
 
 class Strict(BaseModel):
@@ -32,12 +34,43 @@ class MergeConfig(Strict):
 
 
 class ConvertConfig(Strict):
-    precision: Precision = "int4"
-    exporter: Literal["auto", "genai", "torch"] = "auto"
-    # ORT genai execution provider the model is built for.
-    execution_provider: Literal["cpu", "cuda"] = "cpu"
+    # Precisions, backends and providers are whatever the installed backends offer (release/backends/):
+    # checked here, at config time, against them, so there is one source for each choice.
+    precision: str = Field("int4", description="serving precision, one an installed backend builds (relctl backends)")
+    backend: str = Field("auto", description="serving engine: auto (the first installed backend that supports the "
+                                             "checkpoint's family) or a backend id (relctl backends)")
+    execution_provider: str = Field("cpu", description="the device the model is built for (cpu, cuda, ...)")
     fp16_overflow: Literal["refuse", "warn"] = Field(
         "refuse", description="a weight above 65504 becomes Inf at fp16: refuse the release (exit 2) or warn")
+
+    @field_validator("precision")
+    @classmethod
+    def _known_precision(cls, value: str) -> str:
+        from release.backends import installed_precisions  # noqa: PLC0415 - entry points, only when validated
+
+        return _one_of("precision", value, installed_precisions())
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from release.backends import AUTO, available_backends  # noqa: PLC0415 - as above
+
+        return _one_of("backend", value, [AUTO, *available_backends()])
+
+    @field_validator("execution_provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        from release.backends import available_backends  # noqa: PLC0415 - as above
+
+        providers = [p for b in available_backends().values() for p in b.execution_providers]
+        return _one_of("execution provider", value, list(dict.fromkeys(providers)))
+
+
+def _one_of(what: str, value: str, choices: list[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{what} '{value}' is not offered by the installed backends; choose one of "
+                         f"{', '.join(choices)}")
+    return value
 
 
 class ValidationConfig(Strict):
@@ -111,6 +144,8 @@ def _config_error(label: str, exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"]]
     where = ".".join(loc)
+    if where in RENAMED:
+        return ConfigError(f"{label}: '{where}' is no longer a key", hint=RENAMED[where])
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = ReleaseConfig
         for part in loc[:-1]:

@@ -1,8 +1,9 @@
 """The run contract: what a training run must log for relctl to release it, checked in seconds.
 
-`relctl check RUN` and the first step of `relctl promote` read only the run's artifact listing and its
-tags (nothing is downloaded), resolve every gate's configuration, and list every problem at once, each
-with its fix. Required:
+`relctl check RUN` and the first step of `relctl promote` read only the run's artifact listing, its tags
+and the checkpoint's config.json (the one file downloaded: it decides which backend can build and serve the
+family, so an unsupported one is refused here, in seconds), resolve every gate's configuration, and list
+every problem at once, each with its fix. Required:
     checkpoint/                 (source.artifact_path) Hugging Face layout: config.json, *.safetensors
                                 (+ model.safetensors.index.json when sharded), tokenizer.json; optional
                                 PEFT adapter: adapter_config.json + adapter_model.safetensors
@@ -14,13 +15,18 @@ Recommended (a warning when missing): the git commit tag `mlflow.source.git.comm
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlflow.entities import Run
 
+from release.backends import Backend, choose_backend
 from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
+from release.errors import InputError
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.registry import Registry
 from release.registry import tags as T
@@ -34,6 +40,7 @@ class ContractReport:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     found: dict[str, bool] = field(default_factory=dict)
+    backend: Backend | None = None    # the backend that will build and serve the checkpoint, once known
 
 
 def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[Gate],
@@ -49,6 +56,12 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         if not ok:
             report.problems.append(Problem(message, hint))
 
+    if "config.json" in files:
+        try:
+            report.backend = choose_backend(read_run_config(registry, run_id, ckpt), cfg.convert.backend,
+                                            cfg.convert.precision, cfg.convert.execution_provider)
+        except InputError as exc:
+            need(False, f"{ckpt}/{exc.message}", exc.hint or "")
     if not files:
         need(False, f"run '{run_id}' has no checkpoint at artifact path '{ckpt}/'",
              f"log it with mlflow.log_artifacts(checkpoint_dir, '{ckpt}') or set source.artifact_path")
@@ -89,3 +102,18 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def read_run_config(registry: Registry, run_id: str, ckpt: str) -> dict[str, Any]:
+    """The checkpoint's config.json, downloaded alone (kilobytes) into a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="relctl-config-") as tmp:
+        path = registry.download_run_artifact(run_id, f"{ckpt}/config.json", Path(tmp))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"config.json is not valid JSON ({exc})",
+                             hint="log the config.json that model.config.save_pretrained(dir) writes") from exc
+    if not isinstance(data, dict):
+        raise InputError("config.json: top level is not an object",
+                         hint="log the config.json that model.config.save_pretrained(dir) writes")
+    return data

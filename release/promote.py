@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from release import links
+from release.backends import Backend
 from release.config import ReleaseConfig
 from release.contract import check_run
+from release.core.package import MANIFEST, PackageManifest, verify_package
 from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
 from release.failure import classify
 from release.faults import pause_point
@@ -53,7 +55,7 @@ from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
 from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
-from release.stages.package import MANIFEST, PackageInputs, PackageManifest, PackageStage, verify_package
+from release.stages.package import PackageInputs, PackageStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
 from release.store import Store
 
@@ -91,6 +93,9 @@ class Promotion:
             raise InputProblems([(p.message, p.hint) for p in contract.problems])
         for warning in contract.warnings:
             self.progress.note(warning)
+        backend = contract.backend
+        if backend is None:  # check_run names every problem that leaves it unknown
+            raise ReleaseError(f"run '{run_id}': no backend was chosen, yet the run contract found no problem")
         training = contract.run or self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
@@ -100,10 +105,9 @@ class Promotion:
         tags = {T.TRAINING_RUN: run_id, T.NOTE: f"relctl promote of training run {run_id}"}
         with self.registry.release_run(name, f"promote {name} from {run_id[:8]}", tags) as run:
             report.release_run = run.run_id
-            run.log_params({"precision": self.cfg.convert.precision, "exporter": self.cfg.convert.exporter,
-                            "dry_run": dry_run})
+            run.log_params({"precision": self.cfg.convert.precision, "backend": backend.id, "dry_run": dry_run})
             try:
-                self._phases(run, run_id, name, report, gates, dry_run)
+                self._phases(run, run_id, name, report, gates, backend, dry_run)
             except BaseException as exc:
                 if isinstance(exc, ReleaseError):
                     exc.report = report
@@ -122,14 +126,14 @@ class Promotion:
 
     # ------------------------------------------------------------------------------------------
     def _phases(self, run: ReleaseRun, run_id: str, name: str, report: ReleaseReport, gates: list[Gate],
-                dry_run: bool) -> None:
+                backend: Backend, dry_run: bool) -> None:
         pipe = self.pipeline = Pipeline(work_dir_for(self.project_dir, run_id), self.progress)
         intake = pipe.run(IntakeStage(IntakeInputs(run_id=run_id, artifact_path=self.cfg.source.artifact_path),
                                       self.registry))
         report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
         self._check_precision_range(intake.result)
         checkpoint, upstream = self._merge(pipe, intake)
-        reference, candidate = self._convert(pipe, checkpoint, upstream)
+        reference, candidate = self._convert(pipe, checkpoint, upstream, backend)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
         report.validation = validation.result.model_dump(mode="json")
         if not validation.result.passed:
@@ -195,13 +199,13 @@ class Promotion:
         merged = pipe.run(MergeStage(MergeInputs(upstream=intake.fingerprint, base=checkpoint, adapter=checkpoint)))
         return merged.path(merged.result.model), merged.fingerprint
 
-    def _convert(self, pipe: Pipeline, checkpoint: Path, upstream: str
+    def _convert(self, pipe: Pipeline, checkpoint: Path, upstream: str, backend: Backend
                  ) -> tuple[Done[ConvertOutputs], Done[ConvertOutputs]]:
         conv = self.cfg.convert
 
         def stage(precision: str, label: str) -> ConvertStage:
-            return ConvertStage(ConvertInputs(upstream=upstream, precision=precision,
-                                              exporter=conv.exporter, execution_provider=conv.execution_provider,
+            return ConvertStage(ConvertInputs(upstream=upstream, precision=precision, backend=backend.id,
+                                              execution_provider=conv.execution_provider,
                                               checkpoint=checkpoint), label=label)
 
         reference = pipe.run(stage("fp32", "reference"))
@@ -221,15 +225,15 @@ class Promotion:
             reference=reference.fingerprint, candidate=candidate.fingerprint, prompts_sha256=sha256_file(prompts),
             thresholds=vcfg, reference_dir=reference.path(reference.result.model),
             candidate_dir=candidate.path(candidate.result.model), prompts_path=prompts,
-            tokenizer=checkpoint / "tokenizer.json")))
+            backend=candidate.result.backend, tokenizer=checkpoint / "tokenizer.json")))
 
     def _package(self, pipe: Pipeline, name: str, report: ReleaseReport, candidate: Done[ConvertOutputs],
                  checkpoint: Path, validation: Done[ValidateResult]) -> PackageManifest:
         c = candidate.result
         fields = {"model_name": name, "precision": self.cfg.convert.precision,
-                  "exporter": {"exporter": c.exporter, "versions": c.versions},
+                  "exporter": {"exporter": c.backend, "versions": c.versions},
                   "lineage": report.lineage, "serving": self.cfg.serving.model_dump(), "validation": report.validation}
-        out = pipe.run(PackageStage(PackageInputs(validation=validation.fingerprint, fields=fields,
+        out = pipe.run(PackageStage(PackageInputs(validation=validation.fingerprint, backend=c.backend, fields=fields,
                                                   runtime_dir=candidate.path(c.model), source_dir=checkpoint)))
         # Verified here, whether built now or resumed: gates serve it and register publishes it.
         manifest = verify_package(out.path(out.result.package))

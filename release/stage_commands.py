@@ -13,7 +13,10 @@ from release.pipeline import run_standalone
 
 existing_dir = click.Path(exists=True, file_okay=False, path_type=Path)
 new_dir = click.Path(file_okay=False, path_type=Path)
-PRECISIONS = click.Choice(["fp32", "fp16", "int8", "int4"])
+# Precisions and backends are the installed backends' (checked when the stage runs; `relctl backends` lists
+# them): no list here, so a new backend needs no edit and --help loads no backend.
+PRECISION_HELP = "Serving precision (one an installed backend builds: relctl backends)."
+BACKEND_HELP = "Backend id, or auto (the first installed backend that supports the family / built the folder)."
 
 
 @click.command()
@@ -51,19 +54,20 @@ def merge(base: Path, adapter: Path, out: Path, as_json: bool) -> None:
 @click.command()
 @click.argument("model", type=existing_dir)
 @click.argument("out", type=new_dir)
-@click.option("--precision", type=PRECISIONS, default="int4", show_default=True, help="Serving precision.")
-@click.option("--exporter", type=click.Choice(["auto", "genai", "torch"]), default="auto", show_default=True,
-              help="auto: onnxruntime-genai's model builder for supported decoders, torch.onnx otherwise.")
+@click.option("--precision", default="int4", show_default=True, help=PRECISION_HELP)
+@click.option("--backend", default="auto", show_default=True, help=BACKEND_HELP)
+@click.option("--execution-provider", default="cpu", show_default=True, help="Device the model is built for.")
 @json_option
 @handled
-def convert(model: Path, out: Path, precision: str, exporter: str, as_json: bool) -> None:
-    """Export the Hugging Face checkpoint MODEL to ONNX at PRECISION into OUT."""
+def convert(model: Path, out: Path, precision: str, backend: str, execution_provider: str, as_json: bool) -> None:
+    """Build the serving folder of the Hugging Face checkpoint MODEL at PRECISION into OUT."""
     from release.stages.convert import ConvertInputs, ConvertStage
 
-    inputs = ConvertInputs(upstream="", precision=precision, exporter=exporter, checkpoint=model,
-                           into="")
+    inputs = ConvertInputs(upstream="", precision=precision, backend=backend, execution_provider=execution_provider,
+                           checkpoint=model, into="")
     result = run_standalone(ConvertStage(inputs), out)
-    emit(result.model_dump(mode="json"), as_json, lambda: click.echo(f"{precision} ONNX model written to {out}"))
+    emit(result.model_dump(mode="json"), as_json,
+         lambda: click.echo(f"{precision} model for {result.backend} written to {out}"))
 
 
 @click.command()
@@ -75,11 +79,13 @@ def convert(model: Path, out: Path, precision: str, exporter: str, as_json: bool
               help="The training tokenizer.json (default: REFERENCE/tokenizer.json).")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="release.yaml whose validation thresholds apply (default: built-in).")
+@click.option("--backend", default="auto", show_default=True, help=BACKEND_HELP)
 @json_option
 @handled
 def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | None, config_path: Path | None,
-             as_json: bool) -> None:
-    """Compare the CANDIDATE ONNX model with its fp32 REFERENCE; exit 1 when a threshold fails."""
+             backend: str, as_json: bool) -> None:
+    """Compare the CANDIDATE build with its fp32 REFERENCE; exit 1 when a threshold fails."""
+    from release.backends import backend_for_folder
     from release.config import load_config
     from release.errors import Blocked
     from release.hashing import sha256_file
@@ -88,6 +94,7 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
     cfg = load_config(config_path)
     inputs = ValidateInputs(reference="", candidate="", prompts_sha256=sha256_file(prompts), thresholds=cfg.validation,
                             reference_dir=reference, candidate_dir=candidate, prompts_path=prompts,
+                            backend=backend_for_folder(reference, backend).id,
                             tokenizer=tokenizer or reference / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
         result = run_standalone(ValidateStage(inputs), Path(tmp))
@@ -108,17 +115,25 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
 @click.argument("source", type=existing_dir)
 @click.argument("out", type=new_dir)
 @click.option("--model-name", required=True, help="Name recorded in the manifest.")
-@click.option("--precision", type=PRECISIONS, required=True, help="Precision of RUNTIME_MODEL.")
+@click.option("--precision", required=True, help="Precision of RUNTIME_MODEL (one an installed backend builds).")
+@click.option("--backend", default="auto", show_default=True, help=BACKEND_HELP)
 @json_option
 @handled
-def package(runtime_model: Path, source: Path, out: Path, model_name: str, precision: str, as_json: bool) -> None:
+def package(runtime_model: Path, source: Path, out: Path, model_name: str, precision: str, backend: str,
+            as_json: bool) -> None:
     """Package the converted RUNTIME_MODEL with SOURCE's config into OUT, with sha256 of every file."""
+    from release.backends import installed_precisions
     from release.config import ServingConfig
-    from release.stages.package import MANIFEST, PackageInputs, PackageStage
+    from release.core.package import MANIFEST
+    from release.errors import InputError
+    from release.stages.package import PackageInputs, PackageStage
 
+    if precision not in installed_precisions():
+        raise InputError(f"--precision: '{precision}' is not offered by the installed backends",
+                         hint=f"use one of {', '.join(installed_precisions())}")
     fields = {"model_name": model_name, "precision": precision, "serving": ServingConfig().model_dump()}
-    run_standalone(PackageStage(PackageInputs(validation="", fields=fields, into="", runtime_dir=runtime_model,
-                                              source_dir=source)), out)
+    run_standalone(PackageStage(PackageInputs(validation="", backend=backend, fields=fields, into="",
+                                              runtime_dir=runtime_model, source_dir=source)), out)
     data = json.loads((out / MANIFEST).read_text())
     emit(data, as_json, lambda: click.echo(f"package with {len(data['files'])} files written to {out}"))
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_package
 from release.errors import InputError, RegistryError
 from release.registry import Registry
 from release.registry import tags as T
-from release.stages.package import PackageManifest, verify_package
-
-PACKAGE_ARTIFACT = "package"
 
 
 def package_uri(tags: dict[str, str]) -> str | None:

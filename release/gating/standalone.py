@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 from release.config import CONFIG_FILE, load_config
+from release.core.package import verify_package
 from release.gating.contract import GateContext, GateResult, ProductionRef
 from release.gating.plugins import find_gate, run_gate, validate_block
-from release.stages.package import verify_package
 
 
 def run_standalone(

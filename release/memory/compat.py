@@ -161,7 +161,7 @@ def measure_memory(model_dir: Path, serving: ServingConfig) -> MemoryMeasurement
     """
     import onnxruntime_genai as og  # noqa: PLC0415 - the runtime loads only when a measurement is asked for
 
-    from release.runtime import read_genai_config  # noqa: PLC0415 - imports onnxruntime_genai
+    from release.backends.onnxruntime_genai.model import read_genai_config  # noqa: PLC0415 - native libraries
 
     read_genai_config(model_dir)
     if shutil.which("nvidia-smi") is None:

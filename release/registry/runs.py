@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import numpy as np
 import onnx
 import psutil
 from mlflow.entities import RunStatus
+from mlflow.models import Model
 from mlflow.models.signature import ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types.schema import Schema, TensorSpec
@@ -54,14 +56,38 @@ class ReleaseRun:
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
         mlflow.log_artifacts(str(folder), artifact_path)
 
-    def log_onnx_model(self, model_path: Path, extra_files: list[str]) -> Any:
+    def log_onnx_model(self, model_path: Path, extra_files: list[str], requirements: list[str]) -> LoggedModelRef:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
         TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc."""
         import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
 
-        return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model",
-                                     signature=onnx_signature(model_path), pip_requirements=runtime_requirements(),
+        info = mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model",
+                                     signature=onnx_signature(model_path), pip_requirements=requirements,
                                      extra_files=extra_files)
+        return LoggedModelRef(str(info.model_uri), getattr(info, "model_id", None))
+
+    def log_files_model(self, files: list[Path], flavour: dict[str, Any]) -> LoggedModelRef:
+        """A LoggedModel (linked to this run) whose artifacts are `files` and an MLmodel naming the `relctl`
+        flavour: for backends whose engine loads its own folder (no MLflow flavour of its own). Files are
+        copied, never parsed, so registering costs no memory beyond a file copy."""
+        client = MlflowClient()
+        logged = mlflow.initialize_logged_model(name="model", source_run_id=self.run_id)
+        with tempfile.TemporaryDirectory(prefix="relctl-model-") as tmp:
+            folder = Path(tmp)
+            for path in files:
+                shutil.copy2(path, folder / path.name)
+            model = Model(model_id=logged.model_id, run_id=self.run_id)
+            model.add_flavor("relctl", **flavour, files=sorted(p.name for p in files))
+            model.save(str(folder / "MLmodel"))
+            client.log_model_artifacts(logged.model_id, str(folder))
+        mlflow.finalize_logged_model(logged.model_id, "READY")
+        return LoggedModelRef(f"models:/{logged.model_id}", logged.model_id)
+
+
+@dataclass(frozen=True)
+class LoggedModelRef:
+    model_uri: str
+    model_id: str | None
 
 
 def onnx_signature(model_path: Path) -> ModelSignature:
@@ -76,10 +102,6 @@ def onnx_signature(model_path: Path) -> ModelSignature:
 
     return ModelSignature(inputs=Schema([spec(v) for v in graph.input]),
                           outputs=Schema([spec(v) for v in graph.output]))
-
-
-def runtime_requirements() -> list[str]:
-    return [f"{name}=={dist_version(name)}" for name in ("onnx", "onnxruntime", "onnxruntime-genai")]
 
 
 def _owner_tags() -> dict[str, str]:

@@ -1,12 +1,12 @@
-"""The model behind the server: one onnxruntime-genai model, admission control in front of it, and two
-ways to generate:
+"""The model behind the server: a backend's runner (release/backends/), admission control in front of it,
+and two ways to generate:
 
-- batched (serving.server.batching auto|on): onnxruntime-genai's `og.Engine` on one driver thread
-  (release.serving.batching), up to `max_batch_size` requests per model step;
-- a fixed pool of generator threads (batching off, models the Engine cannot serve, and requests with a
-  `seed`, which the Engine's static scheduler cannot honour per request).
+- batched: the runner's batching engine (onnxruntime-genai's `og.Engine` on one driver thread), up to
+  `max_batch_size` requests per model step;
+- a fixed pool of generator threads running the runner's token loop (batching off, models the batching
+  engine cannot serve, and requests with a `seed`, which a static batch cannot honour per request).
 
-Generation is blocking C++ work, so it never runs on the event loop; tokens come back through an asyncio
+Generation is blocking native work, so it never runs on the event loop; tokens come back through an asyncio
 queue per request. Admission is decided before any work is queued: at most `slots + queue_size`
 requests are admitted (slots: the batch size or the workers); the rest are refused at once (429).
 """
@@ -14,61 +14,44 @@ requests are admitted (slots: the batch size or the workers); the rest are refus
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
 import time
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from release.errors import InputError
-from release.runtime import open_tokenizer
-from release.serving.batching import BatchEngine
-from release.serving.jobs import Finished, Job, StopMatcher, emit_text, sampled
-from release.serving.protocol import GenerationParams, ModelLimits
+from release.backends.base import Backend, Runner
+from release.core.package import PackageManifest
+from release.serving.jobs import Finished, Job, StopMatcher
+from release.serving.protocol import GenerationParams
 from release.serving.settings import ServerSettings
 
-__all__ = ["Engine", "Finished", "StopMatcher"]
+__all__ = ["Engine", "Finished", "StopMatcher", "open_engine"]
 
 log = logging.getLogger("relctl.serve")
 
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}assistant:{% endif %}"
-)
+
+def open_engine(package: PackageManifest, settings: ServerSettings) -> Engine:
+    """The package's model loaded by its own backend, behind relctl's admission and thread pool."""
+    backend: Backend = package.backend
+    started = time.perf_counter()
+    runner = backend.open_runner(package.model_dir, settings)
+    return Engine(runner, settings, time.perf_counter() - started)
 
 
 class Engine:
     """A loaded model: tokenizer, chat template, limits, admission, the batching engine and the worker pool."""
 
-    def __init__(self, model_dir: Path, settings: ServerSettings) -> None:
-        import onnxruntime_genai as og  # noqa: PLC0415 - loaded with a model, not by `relctl bench`
-
-        self._og = og
+    def __init__(self, runner: Runner, settings: ServerSettings, load_time_s: float = 0.0) -> None:
+        self.runner = runner
         self.settings = settings
-        config_path = model_dir / "genai_config.json"
-        if not config_path.is_file():
-            raise InputError(f"{model_dir}: genai_config.json missing", hint="serve a relctl package folder")
-        runtime = json.loads(config_path.read_text())
-        self.context_length = int(runtime["model"]["context_length"])
-        self.limits = ModelLimits(vocab_size=int(runtime["model"]["vocab_size"]), context_length=self.context_length)
-        started = time.perf_counter()
-        config = og.Config(str(model_dir))
-        if settings.batching != "off":
-            config.overlay(json.dumps({"engine": {"static_batching": {"max_batch_size": settings.max_batch_size}}}))
-        if settings.intra_op_threads is not None:
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-                "intra_op_num_threads": settings.intra_op_threads}}}}))
-        self.model = og.Model(config)
-        # Like training: onnxruntime-genai leaves out BOS unless special tokens are switched on.
-        self.tokenizer = open_tokenizer(self.model)
-        self.eos_ids = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
-        self.batch, self.batching_note = self._start_batching(model_dir)
-        self.load_time_s = time.perf_counter() - started
-        self.chat_template = read_chat_template(model_dir)
+        self.limits = runner.limits
+        self.context_length = runner.limits.context_length
+        self.batch = runner.batch
+        self.batching_note = runner.batching_note
+        self.load_time_s = load_time_s
         self._pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="relctl-gen")
         self.slots = self.batch.max_batch_size if self.batch else settings.workers
         self._admitted = 0
@@ -76,26 +59,6 @@ class Engine:
         self._lock = threading.Lock()
         # Exponentially weighted mean service time of the thread pool, for Retry-After.
         self._service_s = 1.0
-
-    def _start_batching(self, model_dir: Path) -> tuple[BatchEngine | None, str]:
-        mode = self.settings.batching
-        if mode == "off":
-            return None, "off (serving.server.batching)"
-        try:
-            batch = BatchEngine(self._og, self.model, self.tokenizer, self.eos_ids, self.settings.max_batch_size,
-                                gather_s=self.settings.batch_gather_ms / 1e3)
-        except Exception as exc:  # the Engine refuses models it cannot schedule (model-managed KV cache...)
-            if mode == "on":
-                raise InputError(f"{model_dir.parent.name}: batching is on, but onnxruntime-genai's Engine cannot "
-                                 f"serve this model: {exc}", hint="set serving.server.batching to auto or off") from exc
-            log.info("batching unavailable, serving with %d generator threads: %s", self.settings.workers, exc)
-            return None, f"unavailable: {exc}"
-        if batch.max_batch_size < batch.requested_batch_size:
-            note = (f"on, {batch.max_batch_size} requests per step (onnxruntime-genai's scheduler, measured at "
-                    f"load; serving.server.max_batch_size is {batch.requested_batch_size})")
-            log.info("batching %s", note)
-            return batch, note
-        return batch, "on"
 
     @property
     def batching(self) -> dict[str, Any]:
@@ -141,13 +104,10 @@ class Engine:
 
     # -- prompts -------------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.tokenizer.encode(text)]
+        return self.runner.encode(text)
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        rendered: str = self.tokenizer.apply_chat_template(
-            json.dumps(messages), template_str=self.chat_template, add_generation_prompt=True
-        )
-        return rendered
+        return self.runner.render_chat(messages)
 
     # -- generation -----------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float, rid: str = ""
@@ -180,7 +140,7 @@ class Engine:
             if job.cancel.is_set() or started >= job.deadline:
                 job.emit(Finished("timeout", 0, started - job.admitted))
                 return
-            reason, count = self._decode_loop(job)
+            reason, count = self.runner.decode_loop(job)
             job.emit(Finished(reason, count, started - job.admitted))
         except Exception as exc:  # whatever fails, the request must end now, not at its timeout
             log.exception("request %s: generation failed", job.rid)
@@ -190,57 +150,8 @@ class Engine:
                 self._running -= 1
                 self._service_s = 0.8 * self._service_s + 0.2 * (time.monotonic() - started)
 
-    def _decode_loop(self, job: Job) -> tuple[str, int]:
-        params = job.params
-        generator = self._og.Generator(self.model, self._search_params(job))
-        generator.append_tokens(job.prompt_ids)
-        stream = self.tokenizer.create_stream()
-        stops = StopMatcher(params.stop)
-        count = 0
-        while not generator.is_done():
-            if job.cancel.is_set() or time.monotonic() >= job.deadline:
-                return "timeout", count
-            generator.generate_next_token()
-            token = int(generator.get_next_tokens()[0])
-            if token in self.eos_ids and not params.ignore_eos:
-                emit_text(job, stops.flush())
-                return "stop", count
-            count += 1
-            text, stopped = stops.feed(stream.decode(token))
-            emit_text(job, text)
-            if stopped:
-                return "stop", count
-        emit_text(job, stops.flush())
-        return "length", count
-
-    def _search_params(self, job: Job) -> Any:
-        params = job.params
-        max_length = len(job.prompt_ids) + params.max_tokens
-        options: dict[str, Any] = {"max_length": max_length}
-        if params.ignore_eos:
-            options["min_length"] = max_length
-        if sampled(params):
-            options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-            if params.seed is not None:
-                options["random_seed"] = params.seed
-        else:
-            options["do_sample"] = False
-        search = self._og.GeneratorParams(self.model)
-        search.set_search_options(**options)
-        return search
-
     def close(self) -> None:
         """Wait for running generations (graceful shutdown has already drained the requests)."""
-        if self.batch is not None:
-            self.batch.close()
+        self.runner.close()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-
-def read_chat_template(model_dir: Path) -> str:
-    """The tokenizer's chat template, or a plain `role: content` one for models that have none."""
-    path = model_dir / "tokenizer_config.json"
-    if path.is_file():
-        template = json.loads(path.read_text()).get("chat_template")
-        if isinstance(template, str) and template:
-            return template
-    return FALLBACK_CHAT_TEMPLATE

@@ -16,7 +16,7 @@ import uvicorn
 
 from release.errors import InputError
 from release.serving.app import ServerState, create_app
-from release.serving.engine import Engine
+from release.serving.engine import open_engine
 from release.serving.metrics import ServerMetrics
 from release.serving.requestlog import RequestLog
 from release.serving.settings import ServerSettings
@@ -37,7 +37,7 @@ def package_settings(package: ServedPackage) -> ServerSettings:
 
 def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Path) -> ServerState:
     """Load the model (timed) and wire metrics and the request log."""
-    engine = Engine(package.manifest.model_dir, settings)
+    engine = open_engine(package.manifest, settings)
     policy = settings.request_log
     log_dir = Path(policy.directory) if policy.directory else project_dir / STATE_DIR / "request-logs"
     metrics = ServerMetrics(package.identity, engine.load_time_s, lambda: engine.queue_depth,

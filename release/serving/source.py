@@ -14,9 +14,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from release.core.package import PackageManifest, verify_package
 from release.errors import InputError
 from release.serving.metrics import Identity
-from release.stages.package import PackageManifest, verify_package
 from release.store import STATE_DIR, resolve_store
 
 UNREGISTERED = "unregistered"

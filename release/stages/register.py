@@ -1,8 +1,9 @@
-"""Register: an ONNX-servable MLflow model version with its stable tags, metrics, a model card and the package.
+"""Register: an MLflow model version with its stable tags, metrics, a model card and the package.
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
-verify and load); the ONNX graph is logged through mlflow.onnx with a named TensorSpec signature and
-explicit pip requirements, so the version also loads with mlflow.pyfunc.
+verify and load); the MLflow model is logged in the flavour the package's backend names (for
+onnxruntime-genai: mlflow.onnx with a named TensorSpec signature and explicit pip requirements, so the
+version also loads with mlflow.pyfunc; otherwise the runtime files with a `relctl` flavour).
 
 Idempotent against the registry: a version is created with `relctl.release_state=registering` and
 becomes `released` once its aliases moved. A re-run after a crash in between finds that version (same
@@ -19,17 +20,15 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
 from release.errors import RegistryError
 from release.faults import pause_point
 from release.hashing import sha256_file, sha256_json
-from release.pipeline import run_standalone
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO
-from release.registry.runs import ReleaseRun
+from release.registry.runs import LoggedModelRef, ReleaseRun
 from release.stages.base import Stage, StageInputs, StageResult, location
-from release.stages.package import MANIFEST, PackageManifest
-from release.versions import PACKAGE_ARTIFACT
 
 CONTENT_TAG = T.CONTENT_SHA256
 # Passed as expected_production when the caller has no comparison to protect (relctl register).
@@ -104,21 +103,30 @@ def unfinished_version(registry: Registry, name: str, content: str) -> str | Non
 def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageManifest, lineage: dict[str, Any],
             extra: dict[str, Any], description: str, state: str = "registering",
             numbers: dict[str, float] | None = None, details: dict[str, str] | None = None) -> str:
-    """Log the package and its ONNX model to the release run and register them as a new version, its
+    """Log the package and its MLflow model to the release run and register them as a new version, its
     numbers as metrics of the version's LoggedModel."""
     run.set_tags(lineage_tags(lineage, package))
     run.log_artifacts(package.root, PACKAGE_ARTIFACT)
-    extras = [str(p) for p in sorted(package.model_dir.iterdir())
-              if p.is_file() and not p.name.startswith("model.onnx")] + [str(package.root / MANIFEST)]
-    model_path = package.model_dir / "model.onnx"
-    info = run.log_onnx_model(model_path, extras)
+    info = log_model(run, package)
     tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state, **extra})
     registry.ensure_model(name, description=MODEL_INTRO)
-    mv = registry.create_version(name, info.model_uri, run.run_id, tags, description,
-                                 model_id=getattr(info, "model_id", None))
+    mv = registry.create_version(name, info.model_uri, run.run_id, tags, description, model_id=info.model_id)
     pause_point("register:version-created")
     registry.record_numbers(mv, run.run_id, numbers or {}, details or {})
     return str(mv.version)
+
+
+def log_model(run: ReleaseRun, package: PackageManifest) -> LoggedModelRef:
+    """The version's MLflow model, in the flavour its backend names (release/backends/base.py Flavour)."""
+    backend = package.backend
+    flavour = backend.flavour()
+    files = sorted(p for p in package.model_dir.iterdir() if p.is_file())
+    if flavour.kind == "onnx":
+        extras = [str(p) for p in files if not p.name.startswith(flavour.model_file)] + [str(package.root / MANIFEST)]
+        return run.log_onnx_model(package.model_dir / flavour.model_file, extras, list(flavour.pip_requirements))
+    return run.log_files_model([*files, package.root / MANIFEST],
+                               {"backend": backend.id, "backend_version": backend.version(),
+                                "pip_requirements": list(flavour.pip_requirements)})
 
 
 def promote_version(registry: Registry, name: str, version: str, reason: str, release_run: str | None,
@@ -244,13 +252,13 @@ def register_package(registry: Registry, package: PackageManifest, name: str, pr
     version has no gate.<id>.status tags, and its card says so.
     """
     content = content_sha256(package)
-    description = (f"# {name} — {package.data.get('precision')} ONNX\n\nRegistered with `relctl register` "
-                   f"from a package (content sha256 `{content}`); no gate ran.")
+    description = (f"# {name} — {package.data.get('precision')} {package.backend_id}\n\nRegistered with "
+                   f"`relctl register` from a package (content sha256 `{content}`); no gate ran.")
     with registry.release_run(name, f"register {name} from {package.root.name}", {T.OUTCOME: "registered"}) as run:
         inputs = RegisterInputs(model=name, content_sha256=content, lineage=package.data.get("lineage", {}),
                                 extra_tags={}, description=description,
                                 target="production" if production else "none", reason="relctl register --production",
                                 package_dir=package.root)
         with tempfile.TemporaryDirectory() as tmp:
-            result = run_standalone(RegisterStage(inputs, registry, run, package), Path(tmp))
+            result = RegisterStage(inputs, registry, run, package).run(Path(tmp))
     return result.version, run.run_id

@@ -9,7 +9,8 @@ continuation (max_new_tokens). On that sequence, teacher-forced through model.on
   swings with any quantization noise). Their perplexity is still reported, as prompt_perplexity_*,
   without a threshold.
 greedy_agreement compares the reference continuation with the candidate's own greedy generation through
-onnxruntime-genai and its served tokenizer (what production will do). Validation never raises to block a
+its backend and its served tokenizer (what production will do); both builds are loaded by the backend that
+built them (release/backends/), so validation knows no engine's files. Validation never raises to block a
 release: a failing candidate returns passed=False with failures naming metric, value and threshold; bad input (a missing
 or malformed prompts file, a missing folder) is an InputError.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,36 +26,18 @@ import numpy as np
 from pydantic import Field
 from tokenizers import Tokenizer
 
+from release.backends import get_backend
+from release.backends.base import Backend, LoadedModel
 from release.checks import ThresholdCheck
 from release.config import ValidationConfig
+from release.core.package import missing_runtime
 from release.errors import InputError, ReleaseError
-from release.runtime import GenaiModel, read_genai_config
 from release.stages.base import Stage, StageInputs, StageResult, location
 from release.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 
 
 class NonFiniteLogits(ValueError):
     """The candidate computed NaN or Inf: evidence against it, reported by name."""
-
-
-@dataclass
-class ValidationReport:
-    metrics: dict[str, float]
-    checks: list[ThresholdCheck]
-    tokenizer_parity: TokenizerParity
-    passed: bool
-    failures: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "passed": self.passed,
-            "metrics": dict(self.metrics),
-            "checks": [asdict(c) for c in self.checks],
-            "tokenizer_parity": asdict(self.tokenizer_parity),
-            "failures": list(self.failures),
-            "details": self.details,
-        }
 
 
 def load_prompts(path: Path) -> list[str]:
@@ -88,8 +70,10 @@ def validate(
     prompts: list[str],
     training_tokenizer: Path,
     thresholds: ValidationConfig,
-) -> ValidationReport:
-    """Compare `candidate_dir` with the fp32 `reference_dir` on `prompts`; never raises to block."""
+    backend: Backend,
+) -> ValidateResult:
+    """Compare `candidate_dir` with the fp32 `reference_dir` (both built by `backend`) on `prompts`; never
+    raises to block."""
     if not prompts:
         raise InputError("validate: no prompts given", hint="pass the prompts from load_prompts(path)")
 
@@ -97,14 +81,14 @@ def validate(
         raise InputError(f"{training_tokenizer}: training tokenizer not found",
                          hint="pass the checkpoint's tokenizer.json")
     token_ids = [list(Tokenizer.from_file(str(training_tokenizer)).encode(p).ids) for p in prompts]
-    reference = GenaiModel.load(reference_dir)
+    reference = backend.load(reference_dir)
     continuations = [reference.generate_ids(ids, thresholds.max_new_tokens) for ids in token_ids]
-    # The candidate's genai_config.json is checked up front: a folder that is not a model is bad input,
+    # The candidate's runtime files are checked up front: a folder that is not a model is bad input,
     # while a model that fails to load or run is evidence against the candidate.
-    read_genai_config(candidate_dir)
+    missing_runtime(backend, candidate_dir, candidate_dir.name)
     parity = TokenizerParity(passed=False, checked=0)
     try:
-        candidate = GenaiModel.load(candidate_dir)
+        candidate = backend.load(candidate_dir)
         parity = compare_tokenizers(candidate.encode, training_tokenizer, [*prompts, *EDGE_STRINGS])
         metrics = logit_metrics(reference, candidate, token_ids, continuations)
         greedy, samples = greedy_metrics(candidate, prompts, continuations, thresholds.max_new_tokens)
@@ -112,11 +96,10 @@ def validate(
     except ReleaseError:
         raise
     except NonFiniteLogits as exc:
-        return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False,
-                                failures=[f"candidate: {exc} (overflow at this precision?)"])
+        return failed(parity, f"candidate: {exc} (overflow at this precision?)")
     except Exception as exc:  # a candidate that cannot run is evidence, not a relctl crash
         message = f"candidate: failed to run ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})"
-        return ValidationReport(metrics={}, checks=[], tokenizer_parity=parity, passed=False, failures=[message])
+        return failed(parity, message)
     metrics["tokenizer_parity"] = 1.0 if parity.passed else 0.0
     checks = threshold_checks(metrics, thresholds)
     failures = [describe_failure(c) for c in checks if not c.passed]
@@ -126,7 +109,7 @@ def validate(
             f"tokenizer_parity: served ids {mismatch['served_ids']} != training ids {mismatch['training_ids']} "
             f"for {mismatch['text']!r}"
         )
-    return ValidationReport(
+    return ValidateResult(
         metrics=metrics,
         checks=checks,
         tokenizer_parity=parity,
@@ -141,7 +124,7 @@ def validate(
 
 
 def logit_metrics(
-    reference: GenaiModel, candidate: GenaiModel, token_ids: list[list[int]], continuations: list[list[int]]
+    reference: LoadedModel, candidate: LoadedModel, token_ids: list[list[int]], continuations: list[list[int]]
 ) -> dict[str, float]:
     """top1_agreement and mean_kl over all positions; perplexities on continuation and prompt tokens."""
     agree, kls = [], []
@@ -179,7 +162,7 @@ def logit_metrics(
 
 
 def greedy_metrics(
-    candidate: GenaiModel, prompts: list[str], continuations: list[list[int]], max_new_tokens: int
+    candidate: LoadedModel, prompts: list[str], continuations: list[list[int]], max_new_tokens: int
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Share of prompts whose greedy output equals the reference's, and the mean matched-prefix share."""
     identical = 0
@@ -196,6 +179,11 @@ def greedy_metrics(
         {"greedy_agreement": identical / len(prompts), "greedy_prefix_match": float(np.mean(prefix_shares))},
         samples[:20],
     )
+
+
+def failed(parity: TokenizerParity, message: str) -> ValidateResult:
+    return ValidateResult(metrics={}, checks=[], tokenizer_parity=parity, passed=False, failures=[message],
+                          details={})
 
 
 def threshold_checks(metrics: dict[str, float], t: ValidationConfig) -> list[ThresholdCheck]:
@@ -239,11 +227,14 @@ class ValidateInputs(StageInputs):
     reference_dir: Path = location()
     candidate_dir: Path = location()
     prompts_path: Path = location()
+    backend: str = Field(description="id of the backend that built both folders")
     tokenizer: Path = location()
 
 
 class ValidateResult(StageResult):
-    report: str
+    """The verdict and its evidence (also written as validation.json in the stage folder)."""
+
+    report: str = "validation.json"
     passed: bool
     failures: list[str]
     metrics: dict[str, float]
@@ -260,10 +251,10 @@ class ValidateStage(Stage[ValidateInputs, ValidateResult]):
 
     def run(self, out: Path) -> ValidateResult:
         i = self.inputs
-        report = validate(i.reference_dir, i.candidate_dir, load_prompts(i.prompts_path), i.tokenizer, i.thresholds)
-        data = report.to_dict()
-        (out / "validation.json").write_text(json.dumps(data, indent=2, default=str))
-        return ValidateResult.model_validate({"report": "validation.json", **json.loads(json.dumps(data, default=str))})
+        result = validate(i.reference_dir, i.candidate_dir, load_prompts(i.prompts_path), i.tokenizer, i.thresholds,
+                          get_backend(i.backend))
+        (out / result.report).write_text(json.dumps(result.model_dump(), indent=2, default=str))
+        return result
 
     def summary(self, result: ValidateResult) -> str:
         m = result.metrics

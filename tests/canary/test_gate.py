@@ -26,7 +26,7 @@ QUICK = {"steps": [50], "step_requests": 40, "step_timeout_s": 60,
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two packages of one tiny random Llama that differ only in their serving block (two versions)."""
-    from release.stages.package import build_package
+    from release.core.package import build_package
     from tests.serving.tinymodel import build_genai, build_hf_model
 
     root = tmp_path_factory.mktemp("canary-packages")

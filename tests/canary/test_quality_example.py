@@ -15,11 +15,11 @@ from release.canary.settings import CanaryConfig
 
 
 def _package(checkpoint: Path, root: Path) -> Path:
+    from release.core.package import build_package
     from release.stages.convert import convert
-    from release.stages.package import build_package
 
     converted = convert(checkpoint, root / "onnx", "fp32")
-    fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"name": converted.exporter},
+    fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"name": converted.backend},
               "lineage": {"checkpoint": str(checkpoint)}, "serving": {}}
     build_package(root / "package", converted.out_dir, checkpoint, fields)
     return root / "package"

@@ -147,7 +147,7 @@ def test_cuda_image_runs_the_same_entrypoint() -> None:
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The serving tests' tiny random Llama, packaged with the manifest fields promote writes (so that
     `relctl register` takes it)."""
-    from release.stages.package import build_package
+    from release.core.package import build_package
     from tests.serving.tinymodel import build_genai, build_hf_model
 
     root = tmp_path_factory.mktemp("kserve-package")

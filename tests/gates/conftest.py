@@ -14,9 +14,9 @@ from types import ModuleType
 
 import pytest
 
+from release.core.package import build_package
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
-from release.stages.package import build_package
 
 # A few dozen steps: the model has started on the task but gets most answers wrong.
 UNDERTRAINED_STEPS = {"base_steps": 40, "lora_steps": 10}

@@ -14,7 +14,7 @@ from tests.serving.tinymodel import build_hf_model
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from release.stages.package import build_package
+    from release.core.package import build_package
 
     root = tmp_path_factory.mktemp("memory-models")
     hf = build_hf_model(root / "hf", hidden=128, layers=2)

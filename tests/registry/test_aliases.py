@@ -13,11 +13,11 @@ from click.testing import CliRunner
 
 from release import api, links
 from release.cli import cli
+from release.core.package import MANIFEST, build_package
 from release.errors import InputError
 from release.hashing import sha256_file
 from release.registry import Registry
 from release.registry import tags as T
-from release.stages.package import MANIFEST, build_package
 from release.stages.register import promote_version
 from release.store import connect, ensure_experiment, resolve_store
 

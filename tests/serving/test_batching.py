@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from release.serving.engine import Engine, Finished
+from release.core.package import read_manifest
+from release.serving.engine import Engine, Finished, open_engine
 from release.serving.process import ServerProcess
 from release.serving.protocol import GenerationParams
 from release.serving.settings import ServerSettings
@@ -54,8 +55,8 @@ def run_all(engine: Engine, jobs: list[tuple[str, GenerationParams]], together: 
 
 @pytest.fixture(scope="module")
 def engines(tiny_package: Path) -> Iterator[tuple[Engine, Engine]]:
-    batched = Engine(tiny_package / "model", ServerSettings(batching="on", max_batch_size=8))
-    threads = Engine(tiny_package / "model", ServerSettings(batching="off", workers=2))
+    batched = open_engine(read_manifest(tiny_package), ServerSettings(batching="on", max_batch_size=8))
+    threads = open_engine(read_manifest(tiny_package), ServerSettings(batching="off", workers=2))
     yield batched, threads
     batched.close()
     threads.close()
@@ -85,7 +86,7 @@ def test_batched_greedy_answers_match_the_thread_pool(engines: tuple[Engine, Eng
 
 
 def test_the_batch_never_exceeds_its_configured_size(tiny_package: Path) -> None:
-    engine = Engine(tiny_package / "model", ServerSettings(batching="on", max_batch_size=2))
+    engine = open_engine(read_manifest(tiny_package), ServerSettings(batching="on", max_batch_size=2))
     try:
         assert engine.batching["max_batch_size"] == 2
         jobs = [(p, params()) for p in PROMPTS] + [(PROMPTS[0], params(max_tokens=8))]

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from release.core.package import verify_package
 from release.serving.app import create_app
 from release.serving.metrics import Identity
 from release.serving.process import ServerProcess
@@ -19,7 +20,6 @@ from release.serving.protocol import ModelLimits
 from release.serving.server import load_state
 from release.serving.settings import ServerSettings
 from release.serving.source import ServedPackage
-from release.stages.package import verify_package
 
 PROMPT = {"prompt": "the quick brown", "max_tokens": 4}
 VOCAB = 320  # tests/serving/tinymodel.py trains a 320-token BPE

@@ -49,7 +49,7 @@ def build_genai(hf_dir: Path, out: Path) -> Path:
 
 def build_tiny_package(root: Path, name: str = "tiny-llm", serving: dict[str, Any] | None = None,
                        **model: int) -> Path:
-    from release.stages.package import build_package
+    from release.core.package import build_package
 
     hf = build_hf_model(root / "hf", **model)
     genai = build_genai(hf, root / "genai")

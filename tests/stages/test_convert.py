@@ -14,9 +14,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
+from release.backends.onnxruntime_genai.model import GenaiModel
 from release.errors import InputError, StageFailed
-from release.runtime import GenaiModel
-from release.stages.convert import ConvertResult, convert
+from release.stages.convert import ConvertOutputs, convert, convert_log
 from release.stages.merge import merge_checkpoint
 from release.stages.validate import load_prompts
 
@@ -31,12 +31,12 @@ def merged(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> P
 
 
 @pytest.fixture(scope="module")
-def fp32(merged: Path) -> ConvertResult:
+def fp32(merged: Path) -> ConvertOutputs:
     return convert(merged, merged.parent / "onnx-fp32", "fp32")
 
 
 @pytest.fixture(scope="module")
-def int4(merged: Path) -> ConvertResult:
+def int4(merged: Path) -> ConvertOutputs:
     return convert(merged, merged.parent / "onnx-int4", "int4")
 
 
@@ -54,7 +54,7 @@ def training_ids(checkpoint: Path, text: str) -> list[int]:
     return list(Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(text).ids)
 
 
-def test_fp32_logits_match_transformers(fp32: ConvertResult, merged: Path, hf_model: Any, prompts: list[str]) -> None:
+def test_fp32_logits_match_transformers(fp32: ConvertOutputs, merged: Path, hf_model: Any, prompts: list[str]) -> None:
     model = GenaiModel.load(fp32.out_dir)
     worst = 0.0
     for prompt in prompts:
@@ -68,7 +68,7 @@ def test_fp32_logits_match_transformers(fp32: ConvertResult, merged: Path, hf_mo
 
 
 def test_fp32_greedy_generation_matches_transformers(
-    fp32: ConvertResult, merged: Path, hf_model: Any, prompts: list[str]
+    fp32: ConvertOutputs, merged: Path, hf_model: Any, prompts: list[str]
 ) -> None:
     model = GenaiModel.load(fp32.out_dir)
     eos = hf_model.generation_config.eos_token_id
@@ -86,7 +86,7 @@ def test_fp32_greedy_generation_matches_transformers(
         assert generation.text == model.decode(expected)
 
 
-def test_convert_result_records_tools_files_and_log(fp32: ConvertResult) -> None:
+def test_convert_result_records_tools_files_and_log(fp32: ConvertOutputs) -> None:
     out = fp32.out_dir
     assert {"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json", "tokenizer_config.json"} <= set(
         fp32.files
@@ -94,15 +94,16 @@ def test_convert_result_records_tools_files_and_log(fp32: ConvertResult) -> None
     assert all(fp32.files[name] == (out / name).stat().st_size for name in fp32.files)
     assert set(fp32.versions) == {"onnxruntime-genai", "onnx", "onnxruntime"}
     assert fp32.versions["onnxruntime-genai"][0].isdigit()
-    assert fp32.exporter == "onnxruntime-genai" and fp32.precision == "fp32"
+    assert fp32.backend == "onnxruntime-genai" and fp32.precision == "fp32"
     assert fp32.wall_time_s > 0
     # The log sits beside the folder (the folder is what gets packaged), and holds the builder's output.
-    assert fp32.log_path.parent == out.parent and "Saving GenAI config" in fp32.log_path.read_text()
+    log = convert_log(out)
+    assert log.parent == out.parent and "Saving GenAI config" in log.read_text()
     assert not out.with_name(out.name + ".partial").exists()
-    assert json.loads(json.dumps(fp32.to_dict()))["total_bytes"] == sum(fp32.files.values())
+    assert fp32.total_bytes == sum(fp32.files.values()) == sum((out / n).stat().st_size for n in fp32.files)
 
 
-def test_served_tokenizer_is_the_training_one_with_bos(fp32: ConvertResult, merged: Path, prompts: list[str]) -> None:
+def test_served_tokenizer_is_the_training_one_with_bos(fp32: ConvertOutputs, merged: Path, prompts: list[str]) -> None:
     out = fp32.out_dir
     assert (out / "tokenizer.json").read_bytes() == (merged / "tokenizer.json").read_bytes()
     cfg = json.loads((out / "tokenizer_config.json").read_text())
@@ -113,7 +114,7 @@ def test_served_tokenizer_is_the_training_one_with_bos(fp32: ConvertResult, merg
     assert fp32.tokenizer_parity is True
 
 
-def test_int4_really_quantizes(fp32: ConvertResult, int4: ConvertResult, merged: Path, prompts: list[str]) -> None:
+def test_int4_really_quantizes(fp32: ConvertOutputs, int4: ConvertOutputs, merged: Path, prompts: list[str]) -> None:
     graph = onnx.load(str(int4.out_dir / "model.onnx"), load_external_data=False).graph
     nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
     # 2 layers x (qkv, o, gate, up, down) + lm_head: every projection has in_features divisible by 32.
@@ -150,19 +151,19 @@ def test_refuses_pickle_weights(tmp_path: Path, tiny_base_only: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("precision", "exporter", "provider", "message"),
+    ("precision", "backend", "provider", "message"),
     [
-        ("bf16", "auto", "cpu", "precision: 'bf16'"),
-        ("fp32", "tensorrt", "cpu", "exporter: 'tensorrt'"),
-        ("fp32", "auto", "rocm", "execution_provider: 'rocm'"),
-        ("fp16", "genai", "cpu", "fp16 on execution provider 'cpu'"),
+        ("bf16", "auto", "cpu", "precision bf16 is not one of"),
+        ("fp32", "tensorrt", "cpu", "backend 'tensorrt' is not installed"),
+        ("fp32", "auto", "rocm", "execution provider rocm is not one of"),
+        ("fp16", "onnxruntime-genai", "cpu", "fp16 on execution provider 'cpu'"),
     ],
 )
 def test_refuses_unsupported_combinations(
-    tmp_path: Path, tiny_base_only: Path, precision: str, exporter: str, provider: str, message: str
+    tmp_path: Path, tiny_base_only: Path, precision: str, backend: str, provider: str, message: str
 ) -> None:
     with pytest.raises(InputError, match=message) as info:
-        convert(tiny_base_only, tmp_path / "out", precision, exporter, provider)  # type: ignore[arg-type]
+        convert(tiny_base_only, tmp_path / "out", precision, backend, provider)
     assert info.value.hint
     assert not (tmp_path / "out").exists()
 
@@ -182,7 +183,7 @@ def test_builder_failure_is_a_stage_error_with_its_log(tmp_path: Path, tiny_base
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small BERT classifier: an architecture the genai builder does not cover."""
+    """A small BERT classifier: an architecture no installed backend serves."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
@@ -193,36 +194,8 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(
-    ("precision", "tolerance"), [("fp32", 1e-5), ("fp16", 1e-2), ("int8", 5e-2), ("int4", 5e-2)]
-)
-def test_torch_exporter_for_other_architectures(
-    tmp_path: Path, tiny_bert: Path, precision: str, tolerance: float
-) -> None:
-    import onnxruntime as ort
-    from transformers import BertForSequenceClassification
-
-    result = convert(tiny_bert, tmp_path / "out", precision)  # type: ignore[arg-type]
-    assert result.exporter == "torch.onnx" and "torch" in result.versions
-    assert {"model.onnx", "model.onnx.data", "config.json"} <= set(result.files)
-    ids = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    with torch.no_grad():
-        expected = BertForSequenceClassification.from_pretrained(str(tiny_bert)).eval()(
-            input_ids=ids, attention_mask=mask).logits.numpy()
-    session = ort.InferenceSession(str(result.out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-    (got,) = session.run(["logits"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-    assert got.shape == expected.shape
-    assert float(np.abs(got - expected).max()) < tolerance
-    if precision != "fp32":
-        assert result.files["model.onnx.data"] < 0.75 * (tiny_bert / "model.safetensors").stat().st_size
-    if precision == "int4":
-        graph = onnx.load(str(result.out_dir / "model.onnx"), load_external_data=False).graph
-        assert any(n.op_type == "MatMulNBits" for n in graph.node)
-
-
-def test_torch_exporter_refuses_genai_for_unsupported_architecture(tmp_path: Path, tiny_bert: Path) -> None:
+def test_unsupported_family_is_refused_naming_the_backends(tmp_path: Path, tiny_bert: Path) -> None:
     with pytest.raises(InputError, match=r"BertForSequenceClassification.*not supported") as info:
-        convert(tiny_bert, tmp_path / "out", "fp32", exporter="genai")
-    assert info.value.hint and "torch" in info.value.hint
+        convert(tiny_bert, tmp_path / "out", "fp32")
+    assert info.value.hint and "onnxruntime-genai" in info.value.hint and "Llama" in info.value.hint
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()

@@ -13,11 +13,12 @@ from onnx import TensorProto, helper
 
 from release.cli import cli
 from release.config import ServingConfig
+from release.core.package import MANIFEST, verify_package
 from release.pipeline import Pipeline
 from release.progress import Progress
 from release.registry import Registry
 from release.registry import tags as T
-from release.stages.package import MANIFEST, PackageInputs, PackageStage, verify_package
+from release.stages.package import PackageInputs, PackageStage
 from release.stages.register import (
     NOT_CHECKED,
     ProductionMoved,

@@ -10,11 +10,12 @@ import onnxruntime_genai as og
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
+from release.backends import get_backend
 from release.config import ValidationConfig
 from release.errors import InputError
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
-from release.stages.validate import EDGE_STRINGS, ValidationReport, compare_tokenizers, load_prompts, validate
+from release.stages.validate import EDGE_STRINGS, ValidateResult, compare_tokenizers, load_prompts, validate
 
 STRICT = ValidationConfig(min_top1_agreement=0.999, max_mean_kl=1e-6, max_perplexity_increase=1e-4,
                           min_greedy_agreement=1.0)
@@ -37,8 +38,9 @@ def prompts(tiny_data: Path) -> list[str]:
     return load_prompts(tiny_data / "validation" / "prompts.jsonl")
 
 
-def run(builds: dict[str, Path], candidate: str, prompts: list[str], thresholds: ValidationConfig) -> ValidationReport:
-    return validate(builds["fp32"], builds[candidate], prompts, builds["merged"] / "tokenizer.json", thresholds)
+def run(builds: dict[str, Path], candidate: str, prompts: list[str], thresholds: ValidationConfig) -> ValidateResult:
+    return validate(builds["fp32"], builds[candidate], prompts, builds["merged"] / "tokenizer.json", thresholds,
+                    get_backend("onnxruntime-genai"))
 
 
 def test_reference_against_itself_is_exact(builds: dict[str, Path], prompts: list[str]) -> None:
@@ -74,7 +76,7 @@ def test_int4_fails_strict_thresholds_and_names_the_metric(builds: dict[str, Pat
     assert f"{report.metrics['mean_kl']:.6g}" in kl_failure and "<= 1e-06" in kl_failure
     # int4 really changed the outputs, yet stays a usable model: the numbers are sensible, not broken.
     assert 1e-6 < report.metrics["mean_kl"] < 0.5 and report.metrics["top1_agreement"] > 0.8
-    assert json.loads(json.dumps(report.to_dict()))["metrics"]["mean_kl"] == report.metrics["mean_kl"]
+    assert json.loads(json.dumps(report.model_dump()))["metrics"]["mean_kl"] == report.metrics["mean_kl"]
 
 
 def other_tokenizer(path: Path) -> None:

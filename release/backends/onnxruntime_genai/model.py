@@ -1,7 +1,6 @@
-"""Running a converted model folder: onnxruntime-genai for tokenizing and generating, a plain
-onnxruntime.InferenceSession on model.onnx for teacher-forced logits.
-
-Validate, the gates and the local server all go through `GenaiModel`, so the tokenizer that is
+"""The onnxruntime-genai backend's LoadedModel: onnxruntime-genai for tokenizing and generating, a plain
+onnxruntime.InferenceSession on model.onnx for teacher-forced logits. The one place a genai model folder is
+opened for validation and the offline gates; the server's runner shares `open_tokenizer`, so the tokenizer
 checked for parity is exactly the one that serves.
 
 Tokenizer note: onnxruntime-genai 0.18 tokenizes with add_special_tokens off by default, so it drops
@@ -14,12 +13,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from release.backends.base import Generation
 from release.errors import InputError
 from release.jsonfile import read_json_file
 
@@ -35,22 +34,12 @@ _ORT_DTYPES: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True)
-class Generation:
-    """One greedy completion. `token_ids` are the generated tokens only (EOS included when hit)."""
-
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str  # "stop" (EOS) or "length"
-
-
 def read_genai_config(model_dir: Path) -> dict[str, Any]:
     """genai_config.json of a converted folder; InputError when the folder is not a genai model."""
     path = model_dir / GENAI_CONFIG
     missing = InputError(
         f"{model_dir.name}: {GENAI_CONFIG} is missing (not an onnxruntime-genai model folder)",
-        hint="convert the checkpoint first (relctl promote, or release.stages.convert.convert)",
+        hint="convert the checkpoint first (relctl promote, or relctl convert)",
     )
     data = read_json_file(path, missing, fix_hint="re-run convert")
     if not isinstance(data, dict) or "model" not in data:

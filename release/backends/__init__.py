@@ -1,0 +1,110 @@
+"""Serving-engine backends, found through the `relctl.backends` entry-point group (built-ins too):
+
+    [project.entry-points."relctl.backends"]
+    my-engine = "mypkg.backend:MyEngineBackend"
+
+A new engine is one package with a `release.backends.base.Backend` subclass whose `id` is the entry-point
+name, plus that entry point. `choose_backend` picks the backend for a checkpoint from its config.json
+alone, so an unsupported family is refused in seconds, naming what each installed backend takes.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from typing import Any
+
+from release.backends.base import Backend, Support, precision_choices
+from release.errors import ConfigError, InputError
+
+ENTRY_POINT_GROUP = "relctl.backends"
+# Packages built before the manifest named its backend were all onnxruntime-genai packages.
+LEGACY_BACKEND = "onnxruntime-genai"
+AUTO = "auto"
+
+__all__ = ["AUTO", "Backend", "Support", "available_backends", "backend_for_folder", "choose_backend", "get_backend",
+           "installed_precisions"]
+
+
+@functools.cache
+def available_backends() -> dict[str, Backend]:
+    """Every installed backend by id, in entry-point order (cached: entry points do not change in a process)."""
+    return {name: _load(ep) for name, ep in _entry_points().items()}
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load(ep: EntryPoint) -> Backend:
+    cls = ep.load()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ConfigError(f"backend plug-in '{ep.value}' is not a release.backends.base.Backend subclass",
+                          hint="register a Backend subclass under relctl.backends")
+    if getattr(cls, "id", None) != ep.name:
+        # The id is what manifests record and release.yaml names: a mismatch would make both lie.
+        raise ConfigError(f"backend plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its "
+                          f"entry-point name '{ep.name}'", hint="register the backend under its own id")
+    return cls()
+
+
+def get_backend(backend_id: str) -> Backend:
+    """The installed backend `backend_id`; InputError naming the installed ones otherwise."""
+    found = available_backends()
+    if backend_id not in found:
+        raise InputError(f"backend '{backend_id}' is not installed",
+                         hint=f"installed backends: {', '.join(found) or 'none'}; install the package that "
+                              "provides it (relctl.backends entry point)")
+    return found[backend_id]
+
+
+def backend_for_folder(model_dir: Path, requested: str = AUTO) -> Backend:
+    """The backend of an already-built folder: `requested`, or the first installed backend whose runtime files
+    are all there. A relctl package's manifest names its backend instead (PackageManifest.backend)."""
+    if requested != AUTO:
+        return get_backend(requested)
+    for backend in available_backends().values():
+        if all((model_dir / name).is_file() for name in backend.runtime_files):
+            return backend
+    wanted = "; ".join(f"{b.id}: {', '.join(b.runtime_files)}" for b in available_backends().values())
+    raise InputError(f"{model_dir}: not a model folder any installed backend serves",
+                     hint=f"pass a folder relctl convert built (files each backend needs: {wanted})")
+
+
+def installed_precisions() -> list[str]:
+    """The precisions any installed backend builds: the one source for every precision choice."""
+    return precision_choices(list(available_backends().values()))
+
+
+def family_of(config: dict[str, Any]) -> str:
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
+        return architectures[0]
+    model_type = config.get("model_type")
+    return model_type if isinstance(model_type, str) and model_type else "unknown (no architectures/model_type)"
+
+
+def choose_backend(config: dict[str, Any], requested: str, precision: str, execution_provider: str) -> Backend:
+    """The backend that will build and serve this checkpoint at `precision` on `execution_provider`.
+
+    `requested` is a backend id or "auto" (the first installed backend that supports the family and the
+    target). Refusals are InputErrors naming the family and what each installed backend supports.
+    """
+    candidates = list(available_backends().values()) if requested == AUTO else [get_backend(requested)]
+    reasons: list[str] = []
+    for backend in candidates:
+        support = backend.supports(config)
+        if not support.supported:
+            reasons.append(f"{backend.id}: {support.reason}")
+            continue
+        problem = backend.target_problem(precision, execution_provider)
+        if problem is not None:
+            reasons.append(f"{backend.id}: {problem}")
+            continue
+        return backend
+    family = family_of(config)
+    offered = "; ".join(b.describe() for b in available_backends().values())
+    raise InputError(f"config.json: {family} at {precision} on {execution_provider} is not supported by "
+                     f"{'any installed backend' if requested == AUTO else requested} ({' | '.join(reasons)})",
+                     hint=f"installed backends: {offered}")

@@ -1,0 +1,115 @@
+"""The onnxruntime-genai backend: onnxruntime-genai's model builder exports the checkpoint (KV cache, fused
+attention, MatMulNBits int4/int8, genai_config.json), onnxruntime-genai serves it inside relctl's server
+(og.Engine batching or a generator per request), and plain onnxruntime runs model.onnx for teacher-forced
+logits during validation.
+
+Heavy imports (onnxruntime_genai, onnx) happen inside the methods: finding the backend costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from release.backends.base import Backend, Deploy, ExportResult, Flavour, LoadedModel, MemoryFacts, Support
+
+if TYPE_CHECKING:
+    from release.backends.base import Runner
+    from release.serving.settings import ServerSettings
+
+GENAI_CONFIG = "genai_config.json"
+MODEL_FILE = "model.onnx"
+
+# Text decoders the builder turns into a genai model (builder.py's architecture switch, minus
+# multimodal and speech models, which relctl does not serve).
+GENAI_ARCHITECTURES = frozenset({
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
+    "PhiForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM",
+    "OlmoForCausalLM", "NemotronForCausalLM", "SmolLM3ForCausalLM", "InternLM2ForCausalLM",
+    "Ernie4_5ForCausalLM",
+})
+# The builder's own list of valid precision/provider pairs (it prints it and then builds anyway: an fp16
+# CPU graph that fails at the second generation step, so relctl refuses it up front).
+GENAI_COMBINATIONS = frozenset({
+    ("fp32", "cpu"), ("fp32", "cuda"), ("fp16", "cuda"), ("int8", "cpu"), ("int8", "cuda"),
+    ("int4", "cpu"), ("int4", "cuda"),
+})
+TOOLS = ("onnxruntime-genai", "onnx", "onnxruntime")
+
+
+class OnnxruntimeGenaiBackend(Backend):
+    id = "onnxruntime-genai"
+    distribution = "onnxruntime-genai"
+    precisions = ("fp32", "fp16", "int8", "int4")
+    execution_providers = ("cpu", "cuda")
+    runtime_files = (MODEL_FILE, GENAI_CONFIG, "tokenizer.json")
+    families = "decoder LLMs of onnxruntime-genai's model builder (" + ", ".join(
+        sorted(a.removesuffix("ForCausalLM") for a in GENAI_ARCHITECTURES)) + ")"
+
+    def supports(self, config: dict[str, Any]) -> Support:
+        architectures = config.get("architectures") or []
+        arch = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+        if not arch:
+            return Support.no(str(config.get("model_type") or "unknown"),
+                              "config.json has no 'architectures' entry (save it with model.save_pretrained())")
+        if arch not in GENAI_ARCHITECTURES:
+            return Support.no(arch, f"{arch} is not a family its model builder exports")
+        return Support.yes(arch)
+
+    def target_problem(self, precision: str, execution_provider: str) -> str | None:
+        problem = super().target_problem(precision, execution_provider)
+        if problem is None and (precision, execution_provider) not in GENAI_COMBINATIONS:
+            return (f"{precision} on execution provider '{execution_provider}' is not a combination its builder "
+                    "supports (fp16 is a GPU precision: set convert.execution_provider to cuda, or pick "
+                    "fp32/int8/int4 for cpu)")
+        return problem
+
+    def export(self, checkpoint: Path, out: Path, precision: str, execution_provider: str,
+               log_path: Path) -> ExportResult:
+        from release.backends.onnxruntime_genai import builder  # noqa: PLC0415 - loads onnxruntime_genai
+
+        builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
+        notes = builder.align_tokenizer(checkpoint, out)
+        parity = builder.check_tokenizer_parity(checkpoint, out)
+        return ExportResult(versions=tool_versions(), tokenizer_parity=parity, notes=notes)
+
+    def load(self, model_dir: Path, execution_provider: str = "cpu") -> LoadedModel:
+        from release.backends.onnxruntime_genai.model import GenaiModel  # noqa: PLC0415 - native libraries
+
+        return GenaiModel.load(model_dir, execution_provider)
+
+    def runtime_config(self, model_dir: Path) -> dict[str, Any]:
+        path = model_dir / GENAI_CONFIG
+        data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        return data
+
+    def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts:
+        from release.memory.package import read_model_folder  # noqa: PLC0415 - loads onnx
+
+        facts = read_model_folder(model_dir, {}, declared_precision)
+        return MemoryFacts(weights_bytes=facts.weights_bytes, kv_dtype_bytes=facts.kv_dtype_bytes,
+                           precision=facts.precision, provider=facts.provider)
+
+    def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
+        from release.backends.onnxruntime_genai.runner import GenaiRunner  # noqa: PLC0415 - native libraries
+
+        return GenaiRunner(model_dir, settings)
+
+    def flavour(self) -> Flavour:
+        return Flavour("onnx", model_file=MODEL_FILE, pip_requirements=tuple(f"{n}=={v}" for n, v in
+                                                                             tool_versions().items()))
+
+    def deploy(self) -> Deploy:
+        return Deploy(image="relctl-serve", dockerfile="Dockerfile", requirements=TOOLS)
+
+
+def tool_versions() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in TOOLS:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found

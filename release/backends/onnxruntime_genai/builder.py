@@ -1,0 +1,106 @@
+"""Building an onnxruntime-genai folder: the model builder in its own process, then the tokenizer files
+aligned with the training tokenizer and checked for parity.
+
+The builder's noisy output goes to the log file the convert stage names (beside the folder, not inside it:
+the folder is what gets packaged and hashed).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from release.backends.onnxruntime_genai.model import GenaiModel
+from release.errors import InputError, StageFailed
+from release.faults import pause_point
+from release.subprocs import start_child, stop_child
+from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
+
+
+def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: str, log_path: Path) -> None:
+    """Run the model builder in a subprocess (isolates its memory and its prints) into `out`."""
+    cache = out.with_name(out.name + ".cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        "-i", str(model_dir), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
+    ]
+    try:
+        with log_path.open("w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            # Its own process group, and it dies with relctl (even a SIGKILLed one): no orphan builder.
+            proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                pause_point("convert:builder-running")
+                proc.wait()
+            except BaseException:
+                stop_child(proc, timeout_s=10)
+                raise
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if proc.returncode != 0 or not (out / "model.onnx").is_file() or not (out / "genai_config.json").is_file():
+        raise StageFailed(
+            f"convert: onnxruntime-genai's model builder failed (exit {proc.returncode}): {last_line(log_path)}",
+            hint=f"see the full builder log in {log_path}",
+        )
+
+
+def align_tokenizer(model_dir: Path, out: Path) -> list[str]:
+    """Make the served tokenizer files the training ones, with BOS/EOS settings stated explicitly.
+
+    The training tokenizer.json is copied byte for byte (the post-processor that adds BOS lives there).
+    tokenizer_config.json gets bos_token/eos_token and add_bos_token/add_eos_token derived from what
+    tokenizers' post-processor really adds, because onnxruntime-extensions looks the BOS id up by the
+    bos_token string in that file. Returns notes on what changed.
+    """
+    from tokenizers import Tokenizer  # noqa: PLC0415 - loaded only when a tokenizer is compared or aligned
+
+    source = model_dir / "tokenizer.json"
+    if not source.is_file():
+        raise InputError(
+            f"{model_dir.name}: tokenizer.json is missing",
+            hint="save the fast tokenizer with the checkpoint (tokenizer.save_pretrained(dir))",
+        )
+    shutil.copy2(source, out / "tokenizer.json")
+    training = Tokenizer.from_file(str(source))
+    bos, eos = added_specials(training)
+    cfg_path = out / "tokenizer_config.json"
+    cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    wanted: dict[str, Any] = {"add_bos_token": bos is not None, "add_eos_token": eos is not None}
+    if bos is not None:
+        wanted["bos_token"] = bos
+    if eos is not None:
+        wanted["eos_token"] = eos
+    wanted.setdefault("tokenizer_class", cfg.get("tokenizer_class") or "PreTrainedTokenizerFast")
+    notes = [f"tokenizer_config.json: {k} {cfg.get(k)!r} -> {v!r}" for k, v in wanted.items() if cfg.get(k) != v]
+    cfg.update(wanted)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    return notes
+
+
+def added_specials(tokenizer: Any) -> tuple[str | None, str | None]:
+    """The special tokens the post-processor puts before and after a text (BOS, EOS), if any."""
+    sample = tokenizer.encode("a")
+    mask = list(sample.special_tokens_mask)
+    if 0 not in mask:
+        return None, None
+    first, last = mask.index(0), len(mask) - 1 - mask[::-1].index(0)
+    bos = sample.tokens[0] if first > 0 else None
+    eos = sample.tokens[-1] if last < len(mask) - 1 else None
+    return bos, eos
+
+
+def check_tokenizer_parity(model_dir: Path, out: Path) -> bool:
+    """Whether the converted folder's served tokenizer encodes the probes exactly like the training one."""
+    served = GenaiModel.load(out)
+    return compare_tokenizers(served.encode, model_dir / "tokenizer.json", list(EDGE_STRINGS)).passed
+
+
+def last_line(path: Path) -> str:
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][-300:] if lines else "(empty log)"

@@ -1,0 +1,153 @@
+"""The package format: what gets served, one folder with a checksummed manifest.
+
+Layout of a package folder:
+    model/               everything the package's backend loads (its `runtime_files` at least)
+    source/              the training checkpoint's config.json / generation_config.json, for traceability
+    relctl-package.json  manifest: sha256 of every other file, the backend that built it (id and version),
+                         lineage, precision, serving config hash
+Checksums are verified before a package is served or rolled back to (`verify_package`); every other fact
+about the model folder comes from the backend the manifest names (`PackageManifest.backend`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from release.errors import InputError
+from release.hashing import sha256_file, sha256_json, sha256_tree
+
+if TYPE_CHECKING:
+    from release.backends.base import Backend
+
+MANIFEST = "relctl-package.json"
+FORMAT = 2   # 2: the manifest names its backend; format 1 packages were all onnxruntime-genai
+SOURCE_FILES = ("config.json", "generation_config.json")
+# Where a released package lives in its release run's artifacts (`runs:/<release run>/package`).
+PACKAGE_ARTIFACT = "package"
+LEGACY_BACKEND = "onnxruntime-genai"
+
+
+@dataclass(frozen=True)
+class PackageManifest:
+    root: Path
+    data: dict[str, Any]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def files(self) -> dict[str, str]:
+        files: dict[str, str] = self.data["files"]
+        return files
+
+    @property
+    def serving_config_hash(self) -> str:
+        return str(self.data["serving_config_hash"])
+
+    @property
+    def model_name(self) -> str:
+        return str(self.data.get("model_name", ""))
+
+    @property
+    def backend_id(self) -> str:
+        entry = self.data.get("backend")
+        return str(entry["id"]) if isinstance(entry, dict) and entry.get("id") else LEGACY_BACKEND
+
+    @property
+    def backend(self) -> Backend:
+        """The installed backend that built this package (InputError when it is not installed here)."""
+        from release.backends import get_backend  # noqa: PLC0415 - entry points load only when a package is used
+
+        return get_backend(self.backend_id)
+
+
+def backend_entry(backend: Backend) -> dict[str, str]:
+    """What a manifest records of the backend that built it."""
+    return {"id": backend.id, "version": backend.version()}
+
+
+def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict[str, Any],
+                  backend: Backend | None = None) -> PackageManifest:
+    """Copy the runtime model and source config into `out_dir` and write the manifest last.
+
+    `fields` carries model_name, precision, lineage and serving (the serving config); the serving config
+    hash covers it together with the backend's own runtime config (genai_config.json for onnxruntime-genai).
+    `backend`: the one that built `model_dir` (None: the installed backend whose runtime files it holds).
+    """
+    if backend is None:
+        from release.backends import backend_for_folder  # noqa: PLC0415 - entry points, only when packaging
+
+        backend = backend_for_folder(model_dir)
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(model_dir, tmp / "model")
+    (tmp / "source").mkdir()
+    for name in SOURCE_FILES:
+        if (source_dir / name).is_file():
+            shutil.copy2(source_dir / name, tmp / "source" / name)
+    missing_runtime(backend, tmp / "model", tmp.name)
+    runtime_cfg = backend.runtime_config(tmp / "model")
+    data = {
+        "format": FORMAT,
+        **fields,
+        "backend": backend_entry(backend),
+        "serving_config_hash": sha256_json({"serving": fields.get("serving", {}), "runtime": runtime_cfg})[:16],
+        "files": sha256_tree(tmp),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True))
+    # The package appears whole or not at all.
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return PackageManifest(root=out_dir, data=data)
+
+
+def missing_runtime(backend: Backend, model_dir: Path, label: str) -> None:
+    """InputError when `model_dir` lacks a file its backend cannot serve without."""
+    for name in backend.runtime_files:
+        if not (model_dir / name).is_file():
+            raise InputError(f"{label}: model/{name} is missing, which the {backend.id} backend needs",
+                             hint="rebuild the package with relctl promote (or relctl package)")
+
+
+def read_manifest(root: Path) -> PackageManifest:
+    """The manifest of a package its caller has already verified (no checksums: they were checked)."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise InputError(f"{root}: not a relctl package ({MANIFEST} missing)", hint="build it with relctl promote")
+    return PackageManifest(root=root, data=json.loads(path.read_text()))
+
+
+def verify_package(root: Path, manifest_sha256: str | None = None) -> PackageManifest:
+    """Read the manifest and check every file's sha256; raise InputError on any difference.
+
+    `manifest_sha256` is the digest the registry recorded when the version was released: a manifest
+    rewritten to match changed files no longer matches it, so the check is anchored outside the package.
+    """
+    path = root / MANIFEST
+    if not path.is_file():
+        raise InputError(f"{root}: not a relctl package ({MANIFEST} missing)", hint="build it with relctl promote")
+    if manifest_sha256 is not None and sha256_file(path) != manifest_sha256:
+        raise InputError(
+            f"{root.name}: {MANIFEST} differs from the manifest recorded in the registry when it was released",
+            hint="the package was rewritten after release; restore it from the release run or re-promote",
+        )
+    data = json.loads(path.read_text())
+    actual = sha256_tree(root, exclude=frozenset({MANIFEST}))
+    expected: dict[str, str] = data["files"]
+    for rel, digest in expected.items():
+        if rel not in actual:
+            raise InputError(f"{root.name}: {rel} is missing from the package", hint="re-download or rebuild it")
+        if actual[rel] != digest:
+            raise InputError(
+                f"{root.name}: {rel} does not match its sha256 in {MANIFEST}",
+                hint="the package was modified after it was built; rebuild it or restore the original",
+            )
+    extra = sorted(set(actual) - set(expected))
+    if extra:
+        raise InputError(f"{root.name}: {extra[0]} is not listed in {MANIFEST}", hint="remove files added by hand")
+    return PackageManifest(root=root, data=data)
