@@ -142,7 +142,8 @@ class Promotion:
                           hint="see the release report; choose another precision or relax validation thresholds")
         memory = pipe.run(MemoryStage(MemoryInputs(
             candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
-            runtime_dir=candidate.path(candidate.result.model), config_path=checkpoint / "config.json")))
+            backend=candidate.result.backend, runtime_dir=candidate.path(candidate.result.model),
+            config_path=checkpoint / "config.json")))
         report.memory = memory.result.estimate
         if not memory.result.fits:
             e = memory.result.estimate

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from release.backends.base import Backend, Support, precision_choices
+from release.core.package import MANIFEST, read_manifest
 from release.errors import ConfigError, InputError
 
 ENTRY_POINT_GROUP = "relctl.backends"
@@ -60,12 +61,14 @@ def get_backend(backend_id: str) -> Backend:
 
 
 def backend_for_folder(model_dir: Path, requested: str = AUTO) -> Backend:
-    """The backend of an already-built folder: `requested`, or the first installed backend whose runtime files
-    are all there. A relctl package's manifest names its backend instead (PackageManifest.backend)."""
+    """The backend of an already-built folder: `requested`; the one its package's manifest names when the
+    folder is a package's model/; else the first installed backend that recognizes the folder's files."""
     if requested != AUTO:
         return get_backend(requested)
+    if (model_dir.parent / MANIFEST).is_file():
+        return read_manifest(model_dir.parent).backend
     for backend in available_backends().values():
-        if all((model_dir / name).is_file() for name in backend.runtime_files):
+        if backend.recognizes(model_dir):
             return backend
     wanted = "; ".join(f"{b.id}: {', '.join(b.runtime_files)}" for b in available_backends().values())
     raise InputError(f"{model_dir}: not a model folder any installed backend serves",

@@ -171,6 +171,10 @@ class Backend(ABC):
             return f"execution provider {execution_provider} is not one of {', '.join(self.execution_providers)}"
         return None
 
+    def recognizes(self, model_dir: Path) -> bool:
+        """Whether a built folder without a manifest is this backend's (default: all its runtime files)."""
+        return all((model_dir / name).is_file() for name in self.runtime_files)
+
     def version(self) -> str:
         try:
             return version(self.distribution)

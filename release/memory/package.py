@@ -11,6 +11,8 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
+from release.backends import backend_for_folder
+from release.core.package import MANIFEST, read_manifest
 from release.errors import InputError
 from release.memory.shape import Precision, Provider
 
@@ -35,17 +37,23 @@ def read_package(path: Path) -> PackageFacts:
     if not path.exists():
         raise InputError(f"{path}: no such package or config.json", hint="pass a package folder or a config.json")
     model_dir = path / "model" if (path / "model").is_dir() else path
-    if not (model_dir / "model.onnx").is_file():
-        raise InputError(f"{path}: no model.onnx (not a relctl package or converted model folder)",
-                         hint="pass the folder relctl promote or relctl package built, or a config.json")
     config_path = next((p for p in (path / "source" / "config.json", model_dir / "config.json") if p.is_file()), None)
     if config_path is None:
         raise InputError(f"{path}: the package has no config.json (looked in source/ and model/)",
                          hint="rebuild it with relctl package, which copies the checkpoint's config.json "
                               "into source/")
-    manifest = path / "relctl-package.json"
-    declared = json.loads(manifest.read_text()).get("precision") if manifest.is_file() else None
-    return read_model_folder(model_dir, _read_config(config_path), declared, root=path)
+    manifest = path / MANIFEST
+    declared: str | None = None
+    if manifest.is_file():
+        package = read_manifest(path)
+        backend, declared = package.backend, package.data.get("precision")
+    else:
+        backend = backend_for_folder(model_dir)
+    # The backend reads its own files: initializer bytes of an ONNX graph, safetensors sizes, ...
+    facts = backend.memory_facts(model_dir, declared)
+    return PackageFacts(root=path, model_dir=model_dir, config=_read_config(config_path),
+                        weights_bytes=facts.weights_bytes, precision=cast(Precision, facts.precision),
+                        kv_dtype_bytes=facts.kv_dtype_bytes, provider=cast(Provider, facts.provider))
 
 
 def read_model_folder(model_dir: Path, config: dict[str, Any], precision: str | None = None,

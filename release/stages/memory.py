@@ -13,8 +13,9 @@ from typing import Any
 
 from pydantic import Field
 
+from release.backends import get_backend
 from release.config import ServingConfig
-from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
+from release.memory import estimate_memory
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
@@ -27,6 +28,7 @@ def memory_settings(serving: ServingConfig) -> dict[str, Any]:
 class MemoryInputs(StageInputs):
     candidate: str = Field(description="fingerprint of the candidate build")
     settings: dict[str, Any]
+    backend: str = Field(description="id of the backend that built the candidate (it reads its own files)")
     runtime_dir: Path = location()
     config_path: Path = location()
 
@@ -43,9 +45,8 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
     def run(self, out: Path) -> MemoryResult:
         config = json.loads(self.inputs.config_path.read_text())
         serving = ServingConfig.model_validate(self.inputs.settings)
-        runtime = self.inputs.runtime_dir
-        estimate = estimate_memory(config, folder_weights_bytes(runtime), serving,
-                                   kv_dtype_bytes=folder_kv_dtype_bytes(runtime))
+        facts = get_backend(self.inputs.backend).memory_facts(self.inputs.runtime_dir, None)
+        estimate = estimate_memory(config, facts.weights_bytes, serving, kv_dtype_bytes=facts.kv_dtype_bytes)
         data = estimate.to_dict()
         (out / "memory.json").write_text(json.dumps(data, indent=2))
         return MemoryResult(fits=bool(data["fits"]), estimate=data)

@@ -58,6 +58,10 @@ class OnnxruntimeGenaiBackend(Backend):
             return Support.no(arch, f"{arch} is not a family its model builder exports")
         return Support.yes(arch)
 
+    def recognizes(self, model_dir: Path) -> bool:
+        # The graph alone marks a genai build: the memory plan reads a folder that has nothing else.
+        return (model_dir / MODEL_FILE).is_file()
+
     def target_problem(self, precision: str, execution_provider: str) -> str | None:
         problem = super().target_problem(precision, execution_provider)
         if problem is None and (precision, execution_provider) not in GENAI_COMBINATIONS:
