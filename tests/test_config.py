@@ -26,8 +26,17 @@ def test_unknown_key_gets_did_you_mean(tmp_path: Path) -> None:
 def test_bad_value_names_the_field(tmp_path: Path) -> None:
     path = tmp_path / "release.yaml"
     path.write_text("convert:\n  precision: int3\n")
-    with pytest.raises(ConfigError, match=r"release.yaml: convert.precision: Input should be"):
+    with pytest.raises(ConfigError, match=r"release.yaml: convert.precision: .*'int3' is not offered by the installed "
+                                          r"backends; choose one of fp32, fp16, int8, int4"):
         load_config(path)
+
+
+def test_the_removed_exporter_key_says_what_replaced_it(tmp_path: Path) -> None:
+    path = tmp_path / "release.yaml"
+    path.write_text("convert:\n  exporter: torch\n")
+    with pytest.raises(ConfigError, match=r"'convert.exporter' is no longer a key") as info:
+        load_config(path)
+    assert info.value.hint is not None and "convert.backend" in info.value.hint
 
 
 def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict
     for name in SOURCE_FILES:
         if (source_dir / name).is_file():
             shutil.copy2(source_dir / name, tmp / "source" / name)
-    missing_runtime(backend, tmp / "model", tmp.name)
+    missing_runtime(backend, tmp / "model", f"{out_dir.name}/model")
     runtime_cfg = backend.runtime_config(tmp / "model")
     data = {
         "format": FORMAT,
@@ -110,8 +110,8 @@ def missing_runtime(backend: Backend, model_dir: Path, label: str) -> None:
     """InputError when `model_dir` lacks a file its backend cannot serve without."""
     for name in backend.runtime_files:
         if not (model_dir / name).is_file():
-            raise InputError(f"{label}: model/{name} is missing, which the {backend.id} backend needs",
-                             hint="rebuild the package with relctl promote (or relctl package)")
+            raise InputError(f"{label}: {name} is missing (not a {backend.id} model folder)",
+                             hint=f"build it with relctl convert --backend {backend.id} (or relctl promote)")
 
 
 def read_manifest(root: Path) -> PackageManifest:

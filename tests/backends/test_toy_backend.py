@@ -22,6 +22,7 @@ import yaml
 
 from release.registry import Registry
 from release.store import resolve_store
+from release.versions import fetch_package
 from tests.conftest import load_train_module
 
 pytestmark = pytest.mark.slow
@@ -91,8 +92,9 @@ def test_the_package_names_its_backend_and_holds_no_onnx(released: dict[str, Any
     registry = Registry(resolve_store(released["project"]))
     mv = registry.version_for(MODEL, "production")
     assert mv is not None
-    local = registry.download_uri(f"runs:/{mv.tags['relctl.release_run']}/package", tmp_path)
-    manifest = json.loads((local / "relctl-package.json").read_text())
+    package = fetch_package(registry, MODEL, str(mv.version), tmp_path)  # verified against the registry's digest
+    manifest = package.data
+    assert package.backend_id == "torch-eager"
     assert manifest["backend"]["id"] == "torch-eager" and manifest["backend"]["version"] == "0.1.0"
     assert "model/model.safetensors" in manifest["files"]
     assert not any(name.endswith(".onnx") for name in manifest["files"])

@@ -44,7 +44,7 @@ class OnnxruntimeGenaiBackend(Backend):
     distribution = "onnxruntime-genai"
     precisions = ("fp32", "fp16", "int8", "int4")
     execution_providers = ("cpu", "cuda")
-    runtime_files = (MODEL_FILE, GENAI_CONFIG, "tokenizer.json")
+    runtime_files = (GENAI_CONFIG, MODEL_FILE)
     families = "decoder LLMs of onnxruntime-genai's model builder (" + ", ".join(
         sorted(a.removesuffix("ForCausalLM") for a in GENAI_ARCHITECTURES)) + ")"
 
