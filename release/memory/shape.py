@@ -1,15 +1,31 @@
 """A decoder's shape from a Hugging Face config.json, its parameter count, and the bytes onnxruntime-genai's
 model builder writes for it at each precision.
 
+Parameters (what transformers' `model.num_parameters()` reports; the families in families.py):
+    per layer   attention + MLP (or MoE block) + norms_per_layer x h
+    attention   h x (q + 2 kv) + q x h   (q = heads x head_dim, kv = kv_heads x head_dim)
+                + q + 2kv (+ h) of biases (qwen2's q, k, v; llama's attention_bias adds o) + q/k norms
+    MLA         [h x q_lora + q_lora (norm) + q_lora x heads x (nope + rope)] or h x heads x (nope + rope)
+                + h x (kv_lora + rope) + kv_lora (norm) + kv_lora x heads x (nope + v) + heads x v x h
+    MLP         3 x h x I (gate, up, down) (+ 2I + h with mlp_bias)
+    MoE block   E x 3 x h x I_e (every expert) + h x E (router) + 3 x h x I_s (shared experts)
+                (+ h for qwen2_moe's shared-expert gate)
+    model       layers x per layer + h (final norm) + V x h (embedding) + V x h (lm_head, unless tied)
+Active parameters (what one token computes with) count experts_per_token experts instead of E.
+Checked: Llama-3-8B 8,030,261,248; Qwen2.5-7B 7,615,616,512; Mixtral-8x7B 46,702,792,704;
+DeepSeek-V2-Lite 15,706,484,224 (tests/memory/test_published.py).
+
 The layout rules are those of the builder in onnxruntime-genai 0.18 (checked against real builds in
 tests/memory/test_shape.py):
 - fp32 / fp16: every weight in the io dtype (fp32 on cpu; fp16 on cuda except at fp32);
 - int8 / int4: every linear layer (fused q|k|v, o, gate, up, down, lm_head) is MatMulNBits with blocks of
   32 along K: N x ceil(K/32) x 32 x bits/8 bytes of packed weights plus N x ceil(K/32) scales in the io
-  dtype (symmetric: no zero points); embeddings and norms stay in the io dtype;
+  dtype (symmetric: no zero points); embeddings, norms and biases stay in the io dtype;
 - tied embeddings are stored once (as lm_head; at int4 the embedding gathers from the quantized
   lm_head), except at int8, where the builder keeps a float embedding beside the int8 lm_head;
 - the rotary cos and sin caches: 2 x max_position_embeddings x rotary_dim/2 in the io dtype.
+For families the builder cannot build (mixture of experts, MLA) the same rules give the bytes of every
+linear layer, experts included, quantized the builder's way: an estimate of the weights any engine holds.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from release.errors import InputError
+from release.memory.families import TIED_BY_DEFAULT, check_supported, moe_layers, sliding_layers, unsupported
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Provider = Literal["cpu", "cuda"]
@@ -29,7 +46,7 @@ _BITS = {"int8": 8, "int4": 4}
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The numbers of a decoder that its memory depends on."""
+    """The numbers of a decoder that its parameters and memory depend on."""
 
     layers: int
     hidden: int
@@ -40,17 +57,56 @@ class ModelShape:
     vocab: int
     max_positions: int
     tied_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k, v and o biases (llama's attention_bias)
     mlp_bias: bool = False
     rotary_dim: int = 0  # 0: the whole head_dim
+    family: str = "llama"
+    qkv_bias: bool = False  # q, k and v biases without o (qwen2)
+    norms_per_layer: int = 2
+    qk_norm: bool = False  # a head_dim RMSNorm on q and on k (qwen3, gemma3)
+    # Mixture of experts: `moe_layers` layers hold `experts` MLPs of width `expert_intermediate` (the rest a
+    # dense MLP of `intermediate`), a router, and shared experts of total width `shared_intermediate`.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    shared_expert_gate: bool = False
+    moe_layers: int = 0
+    # Multi-head latent attention: K and V are cached as one kv_lora_rank latent plus the rope key.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Sliding-window attention: `sliding_layers` layers keep at most `sliding_window` tokens of K and V.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def q_dim(self) -> int:
-        return self.heads * self.head_dim
+        return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim if self.mla else self.head_dim)
 
     @property
     def kv_dim(self) -> int:
+        """Width of K (or V) per token as attention computes it (MLA: decompressed per head)."""
+        if self.mla:
+            return self.heads * max(self.qk_nope_head_dim + self.qk_rope_head_dim, self.v_head_dim)
         return self.kv_heads * self.head_dim
+
+    @property
+    def mlp_width(self) -> int:
+        """The widest MLP one token passes through (dense, or its routed and shared experts)."""
+        moe = self.experts_per_token * self.expert_intermediate + self.shared_intermediate if self.moe_layers else 0
+        return max(self.intermediate if self.moe_layers < self.layers else 0, moe)
+
+    @property
+    def kv_elements_per_layer(self) -> int:
+        """Cached elements per token per layer: K and V of every KV head, or MLA's latent plus rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.mla else 2 * self.kv_heads * self.head_dim
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,8 +124,10 @@ _REQUIRED = {
 
 
 def shape_from_config(config: dict[str, Any], source: str = "config.json") -> ModelShape:
-    """The ModelShape of an HF config.json; InputError naming the first field the formulas need but lack."""
+    """The ModelShape of an HF config.json; InputError naming the first field the formulas need but lack, or
+    saying 'unsupported architecture' for a family or field the plan does not know."""
     values = {name: _positive_int(config, keys, source) for name, keys in _REQUIRED.items()}
+    family = check_supported(config, source)
     kv_heads = _optional_int(config, "num_key_value_heads", source) or values["heads"]
     head_dim = _optional_int(config, "head_dim", source) or values["hidden"] // values["heads"]
     if values["heads"] % kv_heads:
@@ -77,11 +135,50 @@ def shape_from_config(config: dict[str, Any], source: str = "config.json") -> Mo
                          f"num_key_value_heads {kv_heads}", hint="check the attention fields of config.json")
     factor = config.get("partial_rotary_factor", 1.0)
     rotary = int(head_dim * factor) if isinstance(factor, int | float) and 0 < factor <= 1 else head_dim
-    return ModelShape(
-        kv_heads=kv_heads, head_dim=head_dim, tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+    window, windowed = sliding_layers(config, family, values["layers"])
+    tied = config.get("tie_word_embeddings", family in TIED_BY_DEFAULT)
+    fields: dict[str, Any] = dict(
+        kv_heads=kv_heads, head_dim=head_dim, tied_embeddings=bool(tied), rotary_dim=rotary, family=family,
         attention_bias=bool(config.get("attention_bias", False)), mlp_bias=bool(config.get("mlp_bias", False)),
-        rotary_dim=rotary, **values,
+        qkv_bias=family == "qwen2" or (family == "qwen2_moe" and bool(config.get("qkv_bias", True))),
+        norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"), sliding_window=window, sliding_layers=windowed,
+        **_experts(config, family, values["layers"], source), **_latent(config, family, source), **values,
     )
+    if family in ("deepseek_v2", "deepseek_v3"):
+        fields["rotary_dim"] = fields["qk_rope_head_dim"]
+    return ModelShape(**fields)
+
+
+def _experts(config: dict[str, Any], family: str, layers: int, source: str) -> dict[str, Any]:
+    key = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+           "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts"}.get(family)
+    experts = (_optional_int(config, key, source, zero=True) or 0) if key else 0
+    if not experts:
+        return {}
+    if family in ("deepseek_v2", "deepseek_v3") and config.get("moe_layer_freq", 1) not in (None, 1):
+        raise unsupported(source, f"moe_layer_freq {config['moe_layer_freq']} (transformers builds every layer "
+                                  "after first_k_dense_replace as MoE)")
+    per_token = _positive_int(config, ("num_experts_per_tok",), source)
+    width = (_positive_int(config, ("intermediate_size",), source) if family == "mixtral"
+             else _positive_int(config, ("moe_intermediate_size",), source))
+    shared = 0
+    if family == "qwen2_moe":
+        shared = _optional_int(config, "shared_expert_intermediate_size", source, zero=True) or 0
+    elif family in ("deepseek_v2", "deepseek_v3"):
+        shared = (_optional_int(config, "n_shared_experts", source, zero=True) or 0) * width
+    return dict(experts=experts, experts_per_token=per_token, expert_intermediate=width, shared_intermediate=shared,
+                shared_expert_gate=family == "qwen2_moe" and shared > 0,
+                moe_layers=moe_layers(config, family, layers))
+
+
+def _latent(config: dict[str, Any], family: str, source: str) -> dict[str, Any]:
+    if family not in ("deepseek_v2", "deepseek_v3"):
+        return {}
+    return dict(kv_lora_rank=_positive_int(config, ("kv_lora_rank",), source),
+                q_lora_rank=_optional_int(config, "q_lora_rank", source, zero=True) or 0,
+                **{f: _positive_int(config, (f,), source) for f in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                                    "v_head_dim")})
 
 
 def _positive_int(config: dict[str, Any], keys: tuple[str, ...], source: str) -> int:
@@ -94,25 +191,70 @@ def _positive_int(config: dict[str, Any], keys: tuple[str, ...], source: str) ->
                           "and max_position_embeddings from the model's config.json")
 
 
-def _optional_int(config: dict[str, Any], key: str, source: str) -> int | None:
+def _optional_int(config: dict[str, Any], key: str, source: str, zero: bool = False) -> int | None:
+    """config[key] when a positive integer, None when absent (or 0 where `zero` allows it: 'none of these')."""
     value = config.get(key)
-    if value is None:
+    if value is None or (zero and value == 0 and not isinstance(value, bool)):
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise InputError(f"{source}: '{key}' is {value!r}, not a positive integer", hint=f"fix or drop '{key}'")
     return value
 
 
-def parameter_count(shape: ModelShape) -> int:
-    """Parameters of the Hugging Face model (what `model.num_parameters()` reports)."""
-    s = shape
-    attention = s.hidden * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden
-    if s.attention_bias:
-        attention += s.q_dim + 2 * s.kv_dim + s.hidden
-    mlp = 3 * s.hidden * s.intermediate + (2 * s.intermediate + s.hidden if s.mlp_bias else 0)
-    per_layer = attention + mlp + 2 * s.hidden
-    embeddings = s.vocab * s.hidden * (1 if s.tied_embeddings else 2)
-    return s.layers * per_layer + s.hidden + embeddings
+# (K, N, count): `count` K x N linear layers.
+Linear = tuple[int, int, int]
+
+
+def _attention(s: ModelShape) -> tuple[list[Linear], int]:
+    """One layer's attention: its linear layers and its other (norm and bias) parameters."""
+    if s.mla:
+        qk, linears = s.qk_nope_head_dim + s.qk_rope_head_dim, []
+        vectors = s.kv_lora_rank + ((s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim + s.hidden)
+                                    if s.attention_bias else 0)
+        if s.q_lora_rank:
+            linears += [(s.hidden, s.q_lora_rank, 1), (s.q_lora_rank, s.heads * qk, 1)]
+            vectors += s.q_lora_rank
+        else:
+            linears.append((s.hidden, s.heads * qk, 1))
+        linears += [(s.hidden, s.kv_lora_rank + s.qk_rope_head_dim, 1),
+                    (s.kv_lora_rank, s.heads * (s.qk_nope_head_dim + s.v_head_dim), 1),
+                    (s.heads * s.v_head_dim, s.hidden, 1)]
+        return linears, vectors
+    qkv = s.q_dim + 2 * s.kv_dim
+    vectors = (qkv + s.hidden if s.attention_bias else qkv if s.qkv_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
+    return [(s.hidden, qkv, 1), (s.q_dim, s.hidden, 1)], vectors
+
+
+def _mlp(s: ModelShape, width: int, count: int = 1) -> tuple[list[Linear], int]:
+    bias = (2 * width + s.hidden) * count if s.mlp_bias else 0
+    return [(s.hidden, width, 2 * count), (width, s.hidden, count)], bias
+
+
+def _inventory(s: ModelShape, active: bool = False) -> tuple[list[Linear], int]:
+    """Every linear layer of the decoder stack (lm_head and embeddings apart) and its other parameters;
+    `active`: only the experts one token is routed to."""
+    attention, attention_vectors = _attention(s)
+    dense, dense_vectors = _mlp(s, s.intermediate)
+    linears = [(k, n, c * s.layers) for k, n, c in attention]
+    linears += [(k, n, c * (s.layers - s.moe_layers)) for k, n, c in dense]
+    vectors = s.layers * (attention_vectors + s.norms_per_layer * s.hidden) + (s.layers - s.moe_layers) * dense_vectors
+    if s.moe_layers:
+        routed, _ = _mlp(s, s.expert_intermediate, s.experts_per_token if active else s.experts)
+        block = [*routed, (s.hidden, s.experts, 1)]
+        if s.shared_intermediate:
+            shared, shared_vectors = _mlp(s, s.shared_intermediate)
+            block += shared + ([(s.hidden, 1, 1)] if s.shared_expert_gate else [])
+            vectors += s.moe_layers * shared_vectors
+        linears += [(k, n, c * s.moe_layers) for k, n, c in block]
+    return linears, vectors
+
+
+def parameter_count(shape: ModelShape, active: bool = False) -> int:
+    """Parameters of the Hugging Face model (what `model.num_parameters()` reports; module docstring);
+    `active`: those one token computes with (experts_per_token of the experts; all of a dense model)."""
+    linears, vectors = _inventory(shape, active)
+    embeddings = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)
+    return sum(k * n * c for k, n, c in linears) + vectors + shape.hidden + embeddings
 
 
 def io_bytes(precision: Precision, provider: Provider) -> int:
@@ -132,17 +274,12 @@ def linear_bytes(k: int, n: int, precision: Precision, provider: Provider) -> in
 def builder_weights_bytes(shape: ModelShape, precision: Precision, provider: Provider) -> int:
     """Bytes of every initializer the builder writes for `shape` at `precision` for `provider`."""
     s, io = shape, io_bytes(precision, provider)
-
-    def linear(k: int, n: int) -> int:
-        return linear_bytes(k, n, precision, provider)
-
-    layer = linear(s.hidden, s.q_dim + 2 * s.kv_dim) + linear(s.q_dim, s.hidden)
-    layer += 2 * linear(s.hidden, s.intermediate) + linear(s.intermediate, s.hidden)
-    biases = (s.q_dim + 2 * s.kv_dim + s.hidden if s.attention_bias else 0)
-    biases += (2 * s.intermediate + s.hidden if s.mlp_bias else 0)
-    layer += (biases + 2 * s.hidden) * io
+    linears, vectors = _inventory(s)
+    # A K x N layer's bytes are linear in N, so c layers cost the same as one K x (c x N) (and fused q|k|v
+    # or gate|up as much as the separate layers).
+    stack = sum(linear_bytes(k, n * c, precision, provider) for k, n, c in linears if c) + vectors * io
     float_embedding = not s.tied_embeddings or precision == "int8"
-    embeddings = linear(s.hidden, s.vocab) + (s.vocab * s.hidden * io if float_embedding else 0)
+    embeddings = linear_bytes(s.hidden, s.vocab, precision, provider) + (s.vocab * s.hidden * io if float_embedding else 0)
     rotary = s.rotary_dim or s.head_dim
     rope_caches = 2 * s.max_positions * (rotary // 2) * io
-    return s.layers * layer + s.hidden * io + embeddings + rope_caches
+    return stack + s.hidden * io + embeddings + rope_caches

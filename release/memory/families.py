@@ -1,0 +1,136 @@
+"""Which architectures the memory plan knows, and the fields of each family's config.json that change its
+parameters or its KV cache. Anything else is refused as unsupported rather than planned as a plain decoder:
+a Mixtral read as a dense Llama is 7.2B parameters instead of 46.7B, a confident wrong figure.
+
+Each family's rules follow the transformers implementation of its model_type (tests/memory/test_families.py
+counts the parameters of every family's model, built on the meta device, against parameter_count):
+- llama, granite: q, k, v, o biases with `attention_bias`, MLP biases with `mlp_bias`;
+- mistral, mixtral, phi3: `sliding_window` on every layer (null: none);
+- qwen2, qwen2_moe: q, k, v biases always (`qkv_bias` for qwen2_moe); qwen3, qwen3_moe: per-head q and k
+  RMSNorms; qwen2/qwen3 slide only with `use_sliding_window`, on layers >= `max_window_layers`;
+- gemma, gemma2, gemma3_text: tied embeddings by default; gemma2 and gemma3 have four norms per layer
+  (pre/post attention, pre/post feed-forward); gemma2 slides on even layers, gemma3 on 5 layers of every
+  6 (`sliding_window_pattern`); gemma3 has q and k norms;
+- mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3: mixture of experts (every expert's weights are
+  held; `experts_per_token` of them compute);
+- deepseek_v2, deepseek_v3: multi-head latent attention (MLA), dense MLPs on the first
+  `first_k_dense_replace` layers, `n_shared_experts` shared experts of `moe_intermediate_size` each.
+An explicit `layer_types` list (transformers 4.53+) overrides the sliding-layer rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from release.errors import InputError
+
+# Fields that change the architecture in a way a family must understand; present (and not null, 0, false or
+# empty) in a family that does not list them, the config is refused with the field's name.
+ARCHITECTURE_FIELDS = {
+    "num_local_experts": "mixture of experts",
+    "num_experts": "mixture of experts",
+    "n_routed_experts": "mixture of experts",
+    "moe_intermediate_size": "mixture of experts",
+    "shared_expert_intermediate_size": "shared experts",
+    "n_shared_experts": "shared experts",
+    "kv_lora_rank": "latent attention (MLA)",
+    "q_lora_rank": "latent attention (MLA)",
+    "use_mla": "latent attention (MLA)",
+    "layers_block_type": "a hybrid of attention and other layers",
+    "hybrid_override_pattern": "a hybrid of attention and SSM layers",
+    "attn_layer_period": "a hybrid of attention and SSM layers",
+    "attn_layer_indices": "a hybrid of attention and SSM layers",
+    "mamba_d_state": "state-space (Mamba) layers",
+    "mamba_expand": "state-space (Mamba) layers",
+    "ssm_state_size": "state-space layers",
+    "linear_num_value_heads": "linear attention layers",
+    "full_attention_interval": "linear attention layers",
+    "cross_attention_layers": "cross-attention layers",
+    "text_config": "a multimodal model (plan its text model's config)",
+    "vision_config": "a multimodal model",
+    "audio_config": "a multimodal model",
+    "altup_num_inputs": "Gemma 3n's AltUp layers",
+    "num_kv_shared_layers": "KV sharing across layers",
+    "no_rope_layers": "layers without rotary embeddings",
+}
+DEEPSEEK = frozenset({"n_routed_experts", "moe_intermediate_size", "n_shared_experts", "kv_lora_rank", "q_lora_rank"})
+QWEN_MOE = frozenset({"num_experts", "moe_intermediate_size", "shared_expert_intermediate_size"})
+# model_type -> the ARCHITECTURE_FIELDS it understands.
+FAMILIES: dict[str, frozenset[str]] = {
+    "llama": frozenset(), "granite": frozenset(), "mistral": frozenset(), "phi3": frozenset(),
+    "qwen2": frozenset(), "qwen3": frozenset(), "gemma": frozenset(), "gemma2": frozenset(),
+    "gemma3_text": frozenset(), "mixtral": frozenset({"num_local_experts"}),
+    "qwen2_moe": QWEN_MOE, "qwen3_moe": QWEN_MOE - {"shared_expert_intermediate_size"},
+    "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK,
+}
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
+# The transformers default `sliding_window` where config.json leaves the key out.
+DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
+KNOWN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+
+
+def unsupported(source: str, reason: str) -> InputError:
+    return InputError(f"{source}: unsupported architecture: {reason}",
+                      hint=f"the memory plan knows {', '.join(sorted(FAMILIES))}; it refuses a figure it "
+                           "cannot compute rather than guess one")
+
+
+def check_supported(config: dict[str, Any], source: str = "config.json") -> str:
+    """The config's model_type when the plan knows its architecture; InputError('unsupported ...') if not."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise unsupported(source, "no model_type (not a Hugging Face config.json?)")
+    if model_type not in FAMILIES:
+        raise unsupported(source, f"model_type '{model_type}'")
+    for field, meaning in ARCHITECTURE_FIELDS.items():
+        if field not in FAMILIES[model_type] and config.get(field) not in (None, 0, False, [], {}, ""):
+            raise unsupported(source, f"'{field}' ({meaning}) in a {model_type} config")
+    layer_types = config.get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise unsupported(source, f"layer_types {layer_types!r} is not a list of names")
+        other = sorted(set(layer_types) - KNOWN_LAYER_TYPES)
+        if other:
+            raise unsupported(source, f"layer_types '{other[0]}' (the plan knows full and sliding attention)")
+    return model_type
+
+
+def sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, int]:
+    """(window, layers that use it): each such layer keeps at most `window` tokens of K and V."""
+    window = config.get("sliding_window", DEFAULT_WINDOW.get(model_type))
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return 0, 0
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        if len(layer_types) != layers:
+            raise InputError(f"layer_types has {len(layer_types)} entries for {layers} layers",
+                             hint="layer_types needs one entry per layer")
+        return window, sum(t == "sliding_attention" for t in layer_types)
+    if model_type in ("mistral", "mixtral", "phi3"):
+        return window, layers
+    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        if not config.get("use_sliding_window", False):
+            return 0, 0
+        first = config.get("max_window_layers", layers)
+        return window, max(0, layers - first) if isinstance(first, int) else 0
+    if model_type == "gemma2":
+        return window, sum(1 for i in range(layers) if (i + 1) % 2)
+    if model_type == "gemma3_text":
+        pattern = config.get("sliding_window_pattern", 6)
+        pattern = pattern if isinstance(pattern, int) and pattern > 0 else 6
+        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
+    return 0, 0  # llama, granite, gemma, deepseek: full attention on every layer
+
+
+def moe_layers(config: dict[str, Any], model_type: str, layers: int) -> int:
+    """How many layers are mixture-of-experts blocks (the rest have a dense MLP)."""
+    if model_type == "mixtral":
+        return layers
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        dense = config.get("mlp_only_layers") or []
+        step = config.get("decoder_sparse_step", 1) or 1
+        return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        first = config.get("first_k_dense_replace", 0) or 0
+        return max(0, layers - first)
+    return 0
