@@ -4,10 +4,14 @@ a Mixtral read as a dense Llama is 7.2B parameters instead of 46.7B, a confident
 
 Each family's rules follow the transformers implementation of its model_type (tests/memory/test_families.py
 counts the parameters of every family's model, built on the meta device, against parameter_count):
-- llama, granite: q, k, v, o biases with `attention_bias`, MLP biases with `mlp_bias`;
+- llama, granite, smollm3: q, k, v, o biases with `attention_bias`, MLP biases with `mlp_bias` (smollm3's
+  layers without rope change no parameter);
+- olmo: norms without parameters; phi: biases everywhere, LayerNorms with biases, a two-matrix MLP
+  (fc1, fc2), a biased lm_head, optional q/k LayerNorms (`qk_layernorm`);
 - mistral, mixtral, phi3: `sliding_window` on every layer (null: none);
 - qwen2, qwen2_moe: q, k, v biases always (`qkv_bias` for qwen2_moe); qwen3, qwen3_moe: per-head q and k
-  RMSNorms; qwen2/qwen3 slide only with `use_sliding_window`, on layers >= `max_window_layers`;
+  RMSNorms; qwen2/qwen3 slide only with `use_sliding_window`, on layers >= `max_window_layers` (smollm3:
+  on its layers without rope);
 - gemma, gemma2, gemma3_text: tied embeddings by default; gemma2 and gemma3 have four norms per layer
   (pre/post attention, pre/post feed-forward); gemma2 slides on even layers, gemma3 on 5 layers of every
   6 (`sliding_window_pattern`); gemma3 has q and k norms;
@@ -58,12 +62,15 @@ QWEN_MOE = frozenset({"num_experts", "moe_intermediate_size", "shared_expert_int
 # model_type -> the ARCHITECTURE_FIELDS it understands.
 FAMILIES: dict[str, frozenset[str]] = {
     "llama": frozenset(), "granite": frozenset(), "mistral": frozenset(), "phi3": frozenset(),
-    "qwen2": frozenset(), "qwen3": frozenset(), "gemma": frozenset(), "gemma2": frozenset(),
+    "qwen2": frozenset(), "qwen3": frozenset(), "gemma": frozenset(), "gemma2": frozenset(), "olmo": frozenset(),
+    "phi": frozenset(), "smollm3": frozenset({"no_rope_layers"}),
     "gemma3_text": frozenset(), "mixtral": frozenset({"num_local_experts"}),
     "qwen2_moe": QWEN_MOE, "qwen3_moe": QWEN_MOE - {"shared_expert_intermediate_size"},
     "deepseek_v2": DEEPSEEK, "deepseek_v3": DEEPSEEK,
 }
-TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text"})
+TIED_BY_DEFAULT = frozenset({"gemma", "gemma2", "gemma3_text", "smollm3"})
+# The transformers default `head_dim` where config.json leaves it out (elsewhere hidden_size / heads).
+DEFAULT_HEAD_DIM = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
 # The transformers default `sliding_window` where config.json leaves the key out.
 DEFAULT_WINDOW = {"mistral": 4096, "gemma2": 4096, "gemma3_text": 4096}
 KNOWN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
@@ -108,6 +115,12 @@ def sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> tupl
         return window, sum(t == "sliding_attention" for t in layer_types)
     if model_type in ("mistral", "mixtral", "phi3"):
         return window, layers
+    if model_type == "smollm3":  # the layers without rope slide (no_rope_layers[i] == 0)
+        if not config.get("use_sliding_window", False):
+            return 0, 0
+        interval = config.get("no_rope_layer_interval", 4) or 4
+        rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        return window, sum(1 for flag in rope[:layers] if not flag)
     if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         if not config.get("use_sliding_window", False):
             return 0, 0
@@ -119,7 +132,7 @@ def sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> tupl
         pattern = config.get("sliding_window_pattern", 6)
         pattern = pattern if isinstance(pattern, int) and pattern > 0 else 6
         return window, sum(1 for i in range(layers) if (i + 1) % pattern)
-    return 0, 0  # llama, granite, gemma, deepseek: full attention on every layer
+    return 0, 0  # llama, granite, gemma, olmo, phi, deepseek: full attention on every layer
 
 
 def moe_layers(config: dict[str, Any], model_type: str, layers: int) -> int:

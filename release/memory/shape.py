@@ -7,10 +7,11 @@ Parameters (what transformers' `model.num_parameters()` reports; the families in
                 + q + 2kv (+ h) of biases (qwen2's q, k, v; llama's attention_bias adds o) + q/k norms
     MLA         [h x q_lora + q_lora (norm) + q_lora x heads x (nope + rope)] or h x heads x (nope + rope)
                 + h x (kv_lora + rope) + kv_lora (norm) + kv_lora x heads x (nope + v) + heads x v x h
-    MLP         3 x h x I (gate, up, down) (+ 2I + h with mlp_bias)
+    MLP         3 x h x I (gate, up, down) (+ 2I + h with mlp_bias); phi: 2 x h x I + I + h
     MoE block   E x 3 x h x I_e (every expert) + h x E (router) + 3 x h x I_s (shared experts)
                 (+ h for qwen2_moe's shared-expert gate)
     model       layers x per layer + h (final norm) + V x h (embedding) + V x h (lm_head, unless tied)
+    (a LayerNorm with a bias counts 2h; OLMo's norms have no parameters; phi's lm_head has a bias)
 Active parameters (what one token computes with) count experts_per_token experts instead of E.
 Checked: Llama-3-8B 8,030,261,248; Qwen2.5-7B 7,615,616,512; Mixtral-8x7B 46,702,792,704;
 DeepSeek-V2-Lite 15,706,484,224 (tests/memory/test_published.py).
@@ -35,7 +36,14 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from release.errors import InputError
-from release.memory.families import TIED_BY_DEFAULT, check_supported, moe_layers, sliding_layers, unsupported
+from release.memory.families import (
+    DEFAULT_HEAD_DIM,
+    TIED_BY_DEFAULT,
+    check_supported,
+    moe_layers,
+    sliding_layers,
+    unsupported,
+)
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Provider = Literal["cpu", "cuda"]
@@ -62,8 +70,12 @@ class ModelShape:
     rotary_dim: int = 0  # 0: the whole head_dim
     family: str = "llama"
     qkv_bias: bool = False  # q, k and v biases without o (qwen2)
-    norms_per_layer: int = 2
-    qk_norm: bool = False  # a head_dim RMSNorm on q and on k (qwen3, gemma3)
+    norms_per_layer: int = 2  # 0: OLMo's norms have no parameters
+    norm_bias: bool = False  # LayerNorm with a bias (phi): 2h per norm, the final norm too
+    final_norm: bool = True
+    qk_norm: int = 0  # parameters of the per-head q and k norms of one layer (qwen3, gemma3, phi's qk_layernorm)
+    gated_mlp: bool = True  # gate, up, down; False: fc1, fc2 (phi)
+    lm_head_bias: bool = False
     # Mixture of experts: `moe_layers` layers hold `experts` MLPs of width `expert_intermediate` (the rest a
     # dense MLP of `intermediate`), a router, and shared experts of total width `shared_intermediate`.
     experts: int = 0
@@ -129,7 +141,8 @@ def shape_from_config(config: dict[str, Any], source: str = "config.json") -> Mo
     values = {name: _positive_int(config, keys, source) for name, keys in _REQUIRED.items()}
     family = check_supported(config, source)
     kv_heads = _optional_int(config, "num_key_value_heads", source) or values["heads"]
-    head_dim = _optional_int(config, "head_dim", source) or values["hidden"] // values["heads"]
+    head_dim = (_optional_int(config, "head_dim", source) or DEFAULT_HEAD_DIM.get(family)
+                or values["hidden"] // values["heads"])
     if values["heads"] % kv_heads:
         raise InputError(f"{source}: num_attention_heads {values['heads']} is not a multiple of "
                          f"num_key_value_heads {kv_heads}", hint="check the attention fields of config.json")
@@ -142,12 +155,25 @@ def shape_from_config(config: dict[str, Any], source: str = "config.json") -> Mo
         attention_bias=bool(config.get("attention_bias", False)), mlp_bias=bool(config.get("mlp_bias", False)),
         qkv_bias=family == "qwen2" or (family == "qwen2_moe" and bool(config.get("qkv_bias", True))),
         norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"), sliding_window=window, sliding_layers=windowed,
+        sliding_window=window, sliding_layers=windowed,
         **_experts(config, family, values["layers"], source), **_latent(config, family, source), **values,
     )
+    fields.update(_family_layout(config, family, head_dim))
     if family in ("deepseek_v2", "deepseek_v3"):
         fields["rotary_dim"] = fields["qk_rope_head_dim"]
     return ModelShape(**fields)
+
+
+def _family_layout(config: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:
+    """The per-family parts of the layout: q/k norms, norm parameters, the MLP's form, lm_head's bias."""
+    if family in ("qwen3", "qwen3_moe", "gemma3_text"):
+        return dict(qk_norm=2 * head_dim)
+    if family == "olmo":
+        return dict(norms_per_layer=0, final_norm=False)
+    if family == "phi":
+        return dict(norms_per_layer=1, norm_bias=True, gated_mlp=False, lm_head_bias=True, attention_bias=True,
+                    mlp_bias=True, qk_norm=4 * head_dim if config.get("qk_layernorm") else 0)
+    return {}
 
 
 def _experts(config: dict[str, Any], family: str, layers: int, source: str) -> dict[str, Any]:
@@ -168,7 +194,7 @@ def _experts(config: dict[str, Any], family: str, layers: int, source: str) -> d
     elif family in ("deepseek_v2", "deepseek_v3"):
         shared = (_optional_int(config, "n_shared_experts", source, zero=True) or 0) * width
     return dict(experts=experts, experts_per_token=per_token, expert_intermediate=width, shared_intermediate=shared,
-                shared_expert_gate=family == "qwen2_moe" and shared > 0,
+                shared_expert_gate=family == "qwen2_moe",  # built even when the shared expert has width 0
                 moe_layers=moe_layers(config, family, layers))
 
 
@@ -221,13 +247,14 @@ def _attention(s: ModelShape) -> tuple[list[Linear], int]:
                     (s.heads * s.v_head_dim, s.hidden, 1)]
         return linears, vectors
     qkv = s.q_dim + 2 * s.kv_dim
-    vectors = (qkv + s.hidden if s.attention_bias else qkv if s.qkv_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
+    vectors = (qkv + s.hidden if s.attention_bias else qkv if s.qkv_bias else 0) + s.qk_norm
     return [(s.hidden, qkv, 1), (s.q_dim, s.hidden, 1)], vectors
 
 
 def _mlp(s: ModelShape, width: int, count: int = 1) -> tuple[list[Linear], int]:
-    bias = (2 * width + s.hidden) * count if s.mlp_bias else 0
-    return [(s.hidden, width, 2 * count), (width, s.hidden, count)], bias
+    inputs = 2 if s.gated_mlp else 1  # gate and up, or fc1 alone
+    bias = (inputs * width + s.hidden) * count if s.mlp_bias else 0
+    return [(s.hidden, width, inputs * count), (width, s.hidden, count)], bias
 
 
 def _inventory(s: ModelShape, active: bool = False) -> tuple[list[Linear], int]:
@@ -237,16 +264,27 @@ def _inventory(s: ModelShape, active: bool = False) -> tuple[list[Linear], int]:
     dense, dense_vectors = _mlp(s, s.intermediate)
     linears = [(k, n, c * s.layers) for k, n, c in attention]
     linears += [(k, n, c * (s.layers - s.moe_layers)) for k, n, c in dense]
-    vectors = s.layers * (attention_vectors + s.norms_per_layer * s.hidden) + (s.layers - s.moe_layers) * dense_vectors
+    vectors = s.layers * (attention_vectors + s.norms_per_layer * _norm(s)) + (s.layers - s.moe_layers) * dense_vectors
     if s.moe_layers:
         routed, _ = _mlp(s, s.expert_intermediate, s.experts_per_token if active else s.experts)
         block = [*routed, (s.hidden, s.experts, 1)]
         if s.shared_intermediate:
             shared, shared_vectors = _mlp(s, s.shared_intermediate)
-            block += shared + ([(s.hidden, 1, 1)] if s.shared_expert_gate else [])
+            block += shared
             vectors += s.moe_layers * shared_vectors
+        if s.shared_expert_gate:
+            block.append((s.hidden, 1, 1))
         linears += [(k, n, c * s.moe_layers) for k, n, c in block]
     return linears, vectors
+
+
+def _norm(s: ModelShape) -> int:
+    return s.hidden * (2 if s.norm_bias else 1)
+
+
+def _head(s: ModelShape) -> int:
+    """The final norm and lm_head's bias (the embedding matrices apart)."""
+    return (_norm(s) if s.final_norm else 0) + (s.vocab if s.lm_head_bias else 0)
 
 
 def parameter_count(shape: ModelShape, active: bool = False) -> int:
@@ -254,7 +292,7 @@ def parameter_count(shape: ModelShape, active: bool = False) -> int:
     `active`: those one token computes with (experts_per_token of the experts; all of a dense model)."""
     linears, vectors = _inventory(shape, active)
     embeddings = shape.vocab * shape.hidden * (1 if shape.tied_embeddings else 2)
-    return sum(k * n * c for k, n, c in linears) + vectors + shape.hidden + embeddings
+    return sum(k * n * c for k, n, c in linears) + vectors + _head(shape) + embeddings
 
 
 def io_bytes(precision: Precision, provider: Provider) -> int:
@@ -279,7 +317,8 @@ def builder_weights_bytes(shape: ModelShape, precision: Precision, provider: Pro
     # or gate|up as much as the separate layers).
     stack = sum(linear_bytes(k, n * c, precision, provider) for k, n, c in linears if c) + vectors * io
     float_embedding = not s.tied_embeddings or precision == "int8"
-    embeddings = linear_bytes(s.hidden, s.vocab, precision, provider) + (s.vocab * s.hidden * io if float_embedding else 0)
+    embeddings = linear_bytes(s.hidden, s.vocab, precision, provider)
+    embeddings += s.vocab * s.hidden * io if float_embedding else 0
     rotary = s.rotary_dim or s.head_dim
     rope_caches = 2 * s.max_positions * (rotary // 2) * io
-    return stack + s.hidden * io + embeddings + rope_caches
+    return stack + _head(s) * io + embeddings + rope_caches
