@@ -92,6 +92,9 @@ def check_supported(config: dict[str, Any], source: str = "config.json") -> str:
     for field, meaning in ARCHITECTURE_FIELDS.items():
         if field not in FAMILIES[model_type] and config.get(field) not in (None, 0, False, [], {}, ""):
             raise unsupported(source, f"'{field}' ({meaning}) in a {model_type} config")
+    if model_type.startswith("deepseek") and config.get("moe_layer_freq", 1) not in (None, 1):
+        raise unsupported(source, f"moe_layer_freq {config['moe_layer_freq']} (transformers builds every layer "
+                                  "after first_k_dense_replace as MoE)")
     layer_types = config.get("layer_types")
     if layer_types is not None:
         if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):

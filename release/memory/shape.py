@@ -42,7 +42,6 @@ from release.memory.families import (
     check_supported,
     moe_layers,
     sliding_layers,
-    unsupported,
 )
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
@@ -182,9 +181,6 @@ def _experts(config: dict[str, Any], family: str, layers: int, source: str) -> d
     experts = (_optional_int(config, key, source, zero=True) or 0) if key else 0
     if not experts:
         return {}
-    if family in ("deepseek_v2", "deepseek_v3") and config.get("moe_layer_freq", 1) not in (None, 1):
-        raise unsupported(source, f"moe_layer_freq {config['moe_layer_freq']} (transformers builds every layer "
-                                  "after first_k_dense_replace as MoE)")
     per_token = _positive_int(config, ("num_experts_per_tok",), source)
     width = (_positive_int(config, ("intermediate_size",), source) if family == "mixtral"
              else _positive_int(config, ("moe_intermediate_size",), source))
