@@ -90,9 +90,12 @@ def _model_line(plan: MemoryPlan) -> str:
     params = f"{s.family}, {total:,} parameters" + (
         f" ({active:,} active: {s.experts_per_token} of {s.experts} experts)" if active != total else "")
     kv = f"KV {b.kv_bytes_per_token:,} bytes/token" + (" (MLA latent)" if s.mla else "")
-    if s.sliding_layers:
-        kv += (f"; {s.sliding_layers} of {s.layers} layers slide over {s.sliding_window:,} tokens "
-               f"({b.kv_bytes_per_token_beyond_window:,} bytes/token beyond it)")
+    if s.window_cache_layers:
+        kv += (f"; {s.window_cache_layers} of {s.layers} layers cache at most {s.sliding_window:,} tokens "
+               f"({b.kv_bytes_per_token_beyond_window:,} bytes/token beyond them)")
+    elif s.sliding_layers:
+        kv += (f"; attention slides over {s.sliding_window:,} tokens but the cache holds the whole context "
+               "(onnxruntime-genai bounds only layer_types' sliding layers)")
     return f"{params}; {kv}"
 
 

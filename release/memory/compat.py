@@ -3,8 +3,8 @@ plan is release.memory.verdict.make_plan).
 
 Per replica: weights + KV cache + workspace, where
     KV cache  = 2 (K and V) x layers x kv_heads x head_dim x bytes per element x concurrency x context_tokens
-                (MLA: layers x (kv_lora_rank + qk_rope_head_dim); a sliding-window layer holds at most its
-                window; an architecture the plan does not know is refused: release/memory/families.py)
+                (MLA: layers x (kv_lora_rank + qk_rope_head_dim); a layer with a window-bounded cache holds at
+                most its window; an architecture the plan does not know is refused: release/memory/families.py)
     workspace = workspace_fraction x (weights + KV cache)
 A rolling update runs `rollout_replicas` replicas side by side on the accelerator, so the peak the plan
 must fit is per_replica x rollout_replicas; the headroom is what is left of `gpu_memory_gib` at that peak.
@@ -81,7 +81,7 @@ def kv_geometry(config: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def kv_layout(config: dict[str, Any]) -> tuple[int, int, int, int]:
-    """(layers, cached elements per token per layer, sliding window, layers that slide) of a config.json whose
+    """(layers, cached elements per token per layer, window, layers whose cache the window bounds) of a config whose
     architecture the plan knows; InputError naming a missing field or saying 'unsupported architecture'."""
     layers, kv_heads, head_dim = kv_geometry(config)
     family = check_supported(config)
@@ -91,8 +91,8 @@ def kv_layout(config: dict[str, Any]) -> tuple[int, int, int, int]:
         if not isinstance(config.get("head_dim"), int) and family in DEFAULT_HEAD_DIM:
             head_dim = DEFAULT_HEAD_DIM[family]
         elements = 2 * kv_heads * head_dim
-    window, windowed = sliding_layers(config, family, layers)
-    return layers, elements, window, windowed
+    window, _, bounded = sliding_layers(config, family, layers)
+    return layers, elements, window, bounded
 
 
 def first_int(config: dict[str, Any], keys: tuple[str, ...], default: int | None = None) -> int:

@@ -8,10 +8,10 @@ counts the parameters of every family's model, built on the meta device, against
   layers without rope change no parameter);
 - olmo: norms without parameters; phi: biases everywhere, LayerNorms with biases, a two-matrix MLP
   (fc1, fc2), a biased lm_head, optional q/k LayerNorms (`qk_layernorm`);
-- mistral, mixtral, phi3: `sliding_window` on every layer (null: none);
+- mistral, mixtral, phi3: `sliding_window` on every layer (null: none), the cache still the full context;
 - qwen2, qwen2_moe: q, k, v biases always (`qkv_bias` for qwen2_moe); qwen3, qwen3_moe: per-head q and k
-  RMSNorms; qwen2/qwen3 slide only with `use_sliding_window`, on layers >= `max_window_layers` (smollm3:
-  on its layers without rope);
+  RMSNorms; qwen2/qwen3 slide only with `use_sliding_window`, on layers >= `max_window_layers` (qwen2_moe:
+  even layers below it; smollm3: its layers without rope);
 - gemma, gemma2, gemma3_text: tied embeddings by default; gemma2 and gemma3 have four norms per layer
   (pre/post attention, pre/post feed-forward); gemma2 slides on even layers, gemma3 on 5 layers of every
   6 (`sliding_window_pattern`); gemma3 has q and k norms;
@@ -19,7 +19,8 @@ counts the parameters of every family's model, built on the meta device, against
   held; `experts_per_token` of them compute);
 - deepseek_v2, deepseek_v3: multi-head latent attention (MLA), dense MLPs on the first
   `first_k_dense_replace` layers, `n_shared_experts` shared experts of `moe_intermediate_size` each.
-An explicit `layer_types` list (transformers 4.53+) overrides the sliding-layer rule.
+An explicit `layer_types` list (transformers 4.53+) overrides the sliding-layer rule. A layer whose cache is
+window-bounded holds min(context, window) tokens of K and V (onnxruntime-genai 0.18: `windowed_kv_cache`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def check_supported(config: dict[str, Any], source: str = "config.json") -> str:
     if model_type.startswith("deepseek") and config.get("moe_layer_freq", 1) not in (None, 1):
         raise unsupported(source, f"moe_layer_freq {config['moe_layer_freq']} (transformers builds every layer "
                                   "after first_k_dense_replace as MoE)")
+    if model_type == "qwen3_moe" and config.get("use_sliding_window") and config.get("layer_types") is None:
+        raise unsupported(source, "use_sliding_window in a qwen3_moe config (transformers gives it no layer_types)")
     layer_types = config.get("layer_types")
     if layer_types is not None:
         if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
@@ -105,37 +108,50 @@ def check_supported(config: dict[str, Any], source: str = "config.json") -> str:
     return model_type
 
 
-def sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, int]:
-    """(window, layers that use it): each such layer keeps at most `window` tokens of K and V."""
+def sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> tuple[int, int, int]:
+    """(window, layers that attend through it, layers whose KV cache holds at most the window).
+
+    The cache is bounded on the layers transformers' `layer_types` marks "sliding_attention" (explicit, or
+    computed by the family's config class): onnxruntime-genai's builder sizes exactly those layers' past/present
+    buffers to the window. Mistral, Mixtral and Phi3 set `sliding_window` without layer_types: every layer
+    attends through the window, but the builder still allocates their caches at the full context.
+    """
     window = config.get("sliding_window", DEFAULT_WINDOW.get(model_type))
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return 0, 0
+        return 0, 0, 0
     layer_types = config.get("layer_types")
     if isinstance(layer_types, list):
         if len(layer_types) != layers:
             raise InputError(f"layer_types has {len(layer_types)} entries for {layers} layers",
                              hint="layer_types needs one entry per layer")
-        return window, sum(t == "sliding_attention" for t in layer_types)
+        count = sum(t == "sliding_attention" for t in layer_types)
+        return window, count, count
     if model_type in ("mistral", "mixtral", "phi3"):
-        return window, layers
+        return window, layers, 0
+    count = _computed_sliding(config, model_type, layers)
+    return (window, count, count) if count else (0, 0, 0)
+
+
+def _computed_sliding(config: dict[str, Any], model_type: str, layers: int) -> int:
+    """How many layers the family's transformers config class marks sliding when config.json has no layer_types."""
+    use = bool(config.get("use_sliding_window", False))
+    first = config.get("max_window_layers", layers)
+    first = first if isinstance(first, int) and not isinstance(first, bool) else layers
+    if model_type in ("qwen2", "qwen3"):
+        return max(0, layers - first) if use else 0
+    if model_type == "qwen2_moe":
+        return sum(1 for i in range(layers) if (i + 1) % 2 and i < first) if use else 0
     if model_type == "smollm3":  # the layers without rope slide (no_rope_layers[i] == 0)
-        if not config.get("use_sliding_window", False):
-            return 0, 0
         interval = config.get("no_rope_layer_interval", 4) or 4
         rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
-        return window, sum(1 for flag in rope[:layers] if not flag)
-    if model_type in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
-        if not config.get("use_sliding_window", False):
-            return 0, 0
-        first = config.get("max_window_layers", layers)
-        return window, max(0, layers - first) if isinstance(first, int) else 0
+        return sum(1 for flag in rope[:layers] if not flag) if use else 0
     if model_type == "gemma2":
-        return window, sum(1 for i in range(layers) if (i + 1) % 2)
+        return sum(1 for i in range(layers) if (i + 1) % 2)
     if model_type == "gemma3_text":
         pattern = config.get("sliding_window_pattern", 6)
         pattern = pattern if isinstance(pattern, int) and pattern > 0 else 6
-        return window, sum(1 for i in range(layers) if (i + 1) % pattern)
-    return 0, 0  # llama, granite, gemma, olmo, phi, deepseek: full attention on every layer
+        return sum(1 for i in range(layers) if (i + 1) % pattern)
+    return 0  # llama, granite, gemma, olmo, phi, qwen3_moe, deepseek: full attention on every layer
 
 
 def moe_layers(config: dict[str, Any], model_type: str, layers: int) -> int:

@@ -7,7 +7,8 @@ T = B x P tokens in the largest forward pass, a = the io dtype's bytes, 4 for fp
                  past_present_share_buffer allocates max_length = L for every sequence of the batch)
                  MLA (DeepSeek-V2/V3): layers x (kv_lora_rank + qk_rope_head_dim) x kv_bytes x B x L, the
                  compressed latent an MLA engine (vLLM, SGLang) caches instead of K and V;
-                 a sliding-window layer holds min(L, window) tokens instead of L (Mistral, Gemma2/3, ...)
+                 a layer with a window-bounded cache holds min(L, window) tokens instead of L (Gemma2/3's
+                 sliding layers; Mistral's window limits attention but its cache is the full context)
     workspace  = T x a x max(3h + 6I, 3h + 2q + 2kv)     hidden states live at the MLP (or attention) peak:
                                                           residual, norm and skip-sum (3h); gate, up, sigmoid,
                                                           SiLU product and its product with up (5I), plus
@@ -146,15 +147,15 @@ def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
 
 
 def kv_bytes_per_token_beyond_window(shape: ModelShape, kv_bytes: int) -> int:
-    """What one more token costs once the context is past the sliding window: the full-attention layers only."""
-    return (shape.layers - shape.sliding_layers) * shape.kv_elements_per_layer * kv_bytes
+    """What one more token costs once the context is past the window: the layers whose cache is not bounded."""
+    return (shape.layers - shape.window_cache_layers) * shape.kv_elements_per_layer * kv_bytes
 
 
 def kv_bytes_per_sequence(shape: ModelShape, kv_bytes: int, context: int) -> int:
-    """One sequence's KV cache at `context` tokens: a sliding-window layer keeps at most its window."""
-    windowed = min(context, shape.sliding_window) if shape.sliding_layers else context
-    full = shape.layers - shape.sliding_layers
-    return shape.kv_elements_per_layer * kv_bytes * (full * context + shape.sliding_layers * windowed)
+    """One sequence's KV cache at `context` tokens: a layer with a window-bounded cache keeps at most its window."""
+    bounded = shape.window_cache_layers
+    windowed = min(context, shape.sliding_window) if bounded else context
+    return shape.kv_elements_per_layer * kv_bytes * ((shape.layers - bounded) * context + bounded * windowed)
 
 
 def check_context(shape: ModelShape, context: int) -> None:

@@ -89,9 +89,11 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    # Sliding-window attention: `sliding_layers` layers keep at most `sliding_window` tokens of K and V.
+    # Sliding-window attention: `sliding_layers` layers attend over the last `sliding_window` tokens; the
+    # `window_cache_layers` among them keep only that many tokens of K and V (families.sliding_layers).
     sliding_window: int = 0
     sliding_layers: int = 0
+    window_cache_layers: int = 0
 
     @property
     def mla(self) -> bool:
@@ -147,14 +149,14 @@ def shape_from_config(config: dict[str, Any], source: str = "config.json") -> Mo
                          f"num_key_value_heads {kv_heads}", hint="check the attention fields of config.json")
     factor = config.get("partial_rotary_factor", 1.0)
     rotary = int(head_dim * factor) if isinstance(factor, int | float) and 0 < factor <= 1 else head_dim
-    window, windowed = sliding_layers(config, family, values["layers"])
+    window, windowed, bounded = sliding_layers(config, family, values["layers"])
     tied = config.get("tie_word_embeddings", family in TIED_BY_DEFAULT)
     fields: dict[str, Any] = dict(
         kv_heads=kv_heads, head_dim=head_dim, tied_embeddings=bool(tied), rotary_dim=rotary, family=family,
         attention_bias=bool(config.get("attention_bias", False)), mlp_bias=bool(config.get("mlp_bias", False)),
         qkv_bias=family == "qwen2" or (family == "qwen2_moe" and bool(config.get("qkv_bias", True))),
         norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
-        sliding_window=window, sliding_layers=windowed,
+        sliding_window=window, sliding_layers=windowed, window_cache_layers=bounded,
         **_experts(config, family, values["layers"], source), **_latent(config, family, source), **values,
     )
     fields.update(_family_layout(config, family, head_dim))

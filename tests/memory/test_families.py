@@ -1,6 +1,7 @@
 """Every family the plan knows, against transformers itself: the model built on the meta device (no
 weights allocated) from a small config of each family and variant must have exactly parameter_count's
-parameters, and its config's layer_types exactly the plan's sliding-window layers."""
+parameters, and its config's layer_types (what onnxruntime-genai's builder reads) exactly the layers whose
+KV cache the plan bounds at the window."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("mixtral", {"num_local_experts": 3, "num_experts_per_tok": 1, "sliding_window": 16}),
     ("qwen2_moe", {**MOE, "num_experts": 6, "shared_expert_intermediate_size": 48}),
     ("qwen2_moe", {**MOE, "num_experts": 6, "shared_expert_intermediate_size": 0, "decoder_sparse_step": 2,
-                   "mlp_only_layers": [1, 4], "qkv_bias": False}),
+                   "mlp_only_layers": [1, 4], "qkv_bias": False, "use_sliding_window": True, "sliding_window": 32,
+                   "max_window_layers": 4}),
     ("qwen3_moe", {**MOE, "num_experts": 8, "head_dim": 32, "mlp_only_layers": [0]}),
     ("deepseek_v2", {**MLA, "q_lora_rank": None}),
     ("deepseek_v2", {**MLA, "q_lora_rank": 24, "attention_bias": True, "n_shared_experts": 1}),
@@ -74,10 +76,10 @@ def test_parameter_count_equals_transformers(model_type: str, extra: dict[str, A
     params, layer_types = transformers_model(config)
     assert parameter_count(shape) == params
     assert shape.family == model_type
-    if layer_types is not None and shape.sliding_window:
-        assert shape.sliding_layers == layer_types.count("sliding_attention")
-    elif layer_types is not None:
-        assert "sliding_attention" not in layer_types or not config.get("sliding_window")
+    # onnxruntime-genai's builder bounds the cache of exactly the layers transformers' layer_types marks sliding.
+    sliding = layer_types.count("sliding_attention") if layer_types is not None else 0
+    assert shape.window_cache_layers == sliding
+    assert shape.sliding_layers >= sliding and (shape.sliding_window > 0) == (shape.sliding_layers > 0)
 
 
 def test_every_family_is_in_the_matrix() -> None:

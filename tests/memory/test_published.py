@@ -1,6 +1,6 @@
 """`relctl plan` on published configs (tests/memory/fixtures: the Hugging Face config.json files as
 published): the parameter counts as published, KV bytes per token by the standard formula (MLA's latent,
-sliding-window layers capped at the window), a context past the model's maximum refused, and an
+window-bounded sliding layers capped at the window), a context past the model's maximum refused, and an
 architecture the plan does not know refused as unsupported instead of planned as a plain decoder."""
 
 from __future__ import annotations
@@ -93,15 +93,21 @@ def test_deepseek_v2_lite_latent_attention_and_experts() -> None:
 
 def test_sliding_window_layers_hold_at_most_the_window() -> None:
     gemma = shape_from_config(config("gemma-2-9b"))
-    assert (gemma.sliding_layers, gemma.sliding_window, gemma.tied_embeddings) == (21, 4096, True)
+    assert (gemma.window_cache_layers, gemma.sliding_window, gemma.tied_embeddings) == (21, 4096, True)
     per_layer_token = 2 * 8 * 256 * 2
     assert kv_bytes_per_sequence(gemma, 2, 8192) == per_layer_token * (21 * 8192 + 21 * 4096)
     assert kv_bytes_per_sequence(gemma, 2, 1000) == 42 * per_layer_token * 1000
-    mistral = shape_from_config(config("mistral-7b"))  # sliding_window 4096 on every layer
-    assert kv_bytes_per_sequence(mistral, 2, 32768) == kv_bytes_per_sequence(mistral, 2, 4096)
+    # Mistral's sliding_window 4096 limits every layer's attention, but with no layer_types the builder
+    # allocates every layer's cache at the full context: capping it would plan less than is allocated.
+    mistral = shape_from_config(config("mistral-7b"))
+    assert (mistral.sliding_layers, mistral.window_cache_layers) == (32, 0)
+    assert kv_bytes_per_sequence(mistral, 2, 32768) == 2 * 32 * 8 * 128 * 2 * 32768
+    out = plan(str(FIXTURES / "mistral-7b.json"), "--gpu", "H100-80GB", "--concurrency", "1", "--context", "8192",
+               "--precision", "fp16")[1]
+    assert "attention slides over 4,096 tokens but the cache holds the whole context" in out
     code, out, _ = plan(str(FIXTURES / "gemma-2-9b.json"), "--gpu", "H100-80GB", "--concurrency", "2",
                         "--context", "8192", "--precision", "fp16")
-    assert code == 0 and "21 of 42 layers slide over 4,096 tokens (172,032 bytes/token beyond it)" in out
+    assert code == 0 and "21 of 42 layers cache at most 4,096 tokens (172,032 bytes/token beyond them)" in out
     assert "gemma2, 9,241,705,984 parameters; KV 344,064 bytes/token" in out
 
 
