@@ -166,3 +166,63 @@ def moe_layers(config: dict[str, Any], model_type: str, layers: int) -> int:
         first = config.get("first_k_dense_replace", 0) or 0
         return max(0, layers - first)
     return 0
+
+
+def family_layout(config: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:
+    """The per-family parts of the layout: q/k norms, norm parameters, the MLP's form, lm_head's bias."""
+    if family in ("qwen3", "qwen3_moe", "gemma3_text"):
+        return dict(qk_norm=2 * head_dim)
+    if family == "olmo":
+        return dict(norms_per_layer=0, final_norm=False)
+    if family == "phi":
+        return dict(norms_per_layer=1, norm_bias=True, gated_mlp=False, lm_head_bias=True, attention_bias=True,
+                    mlp_bias=True, qk_norm=4 * head_dim if config.get("qk_layernorm") else 0)
+    return {}
+
+
+def experts_layout(config: dict[str, Any], family: str, layers: int, source: str) -> dict[str, Any]:
+    key = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
+           "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts"}.get(family)
+    experts = (optional_int(config, key, source, zero=True) or 0) if key else 0
+    if not experts:
+        return {}
+    per_token = positive_int(config, ("num_experts_per_tok",), source)
+    width = (positive_int(config, ("intermediate_size",), source) if family == "mixtral"
+             else positive_int(config, ("moe_intermediate_size",), source))
+    shared = 0
+    if family == "qwen2_moe":
+        shared = optional_int(config, "shared_expert_intermediate_size", source, zero=True) or 0
+    elif family in ("deepseek_v2", "deepseek_v3"):
+        shared = (optional_int(config, "n_shared_experts", source, zero=True) or 0) * width
+    return dict(experts=experts, experts_per_token=per_token, expert_intermediate=width, shared_intermediate=shared,
+                shared_expert_gate=family == "qwen2_moe",  # built even when the shared expert has width 0
+                moe_layers=moe_layers(config, family, layers))
+
+
+def latent_layout(config: dict[str, Any], family: str, source: str) -> dict[str, Any]:
+    if family not in ("deepseek_v2", "deepseek_v3"):
+        return {}
+    return dict(kv_lora_rank=positive_int(config, ("kv_lora_rank",), source),
+                q_lora_rank=optional_int(config, "q_lora_rank", source, zero=True) or 0,
+                **{f: positive_int(config, (f,), source) for f in ("qk_nope_head_dim", "qk_rope_head_dim",
+                                                                    "v_head_dim")})
+
+
+def positive_int(config: dict[str, Any], keys: tuple[str, ...], source: str) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    raise InputError(f"{source}: no positive integer '{keys[0]}'",
+                     hint="the memory plan needs layers, hidden size, heads, intermediate size, vocab size "
+                          "and max_position_embeddings from the model's config.json")
+
+
+def optional_int(config: dict[str, Any], key: str, source: str, zero: bool = False) -> int | None:
+    """config[key] when a positive integer, None when absent (or 0 where `zero` allows it: 'none of these')."""
+    value = config.get(key)
+    if value is None or (zero and value == 0 and not isinstance(value, bool)):
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InputError(f"{source}: '{key}' is {value!r}, not a positive integer", hint=f"fix or drop '{key}'")
+    return value

@@ -40,7 +40,11 @@ from release.memory.families import (
     DEFAULT_HEAD_DIM,
     TIED_BY_DEFAULT,
     check_supported,
-    moe_layers,
+    experts_layout,
+    family_layout,
+    latent_layout,
+    optional_int,
+    positive_int,
     sliding_layers,
 )
 
@@ -139,10 +143,10 @@ _REQUIRED = {
 def shape_from_config(config: dict[str, Any], source: str = "config.json") -> ModelShape:
     """The ModelShape of an HF config.json; InputError naming the first field the formulas need but lack, or
     saying 'unsupported architecture' for a family or field the plan does not know."""
-    values = {name: _positive_int(config, keys, source) for name, keys in _REQUIRED.items()}
+    values = {name: positive_int(config, keys, source) for name, keys in _REQUIRED.items()}
     family = check_supported(config, source)
-    kv_heads = _optional_int(config, "num_key_value_heads", source) or values["heads"]
-    head_dim = (_optional_int(config, "head_dim", source) or DEFAULT_HEAD_DIM.get(family)
+    kv_heads = optional_int(config, "num_key_value_heads", source) or values["heads"]
+    head_dim = (optional_int(config, "head_dim", source) or DEFAULT_HEAD_DIM.get(family)
                 or values["hidden"] // values["heads"])
     if values["heads"] % kv_heads:
         raise InputError(f"{source}: num_attention_heads {values['heads']} is not a multiple of "
@@ -157,72 +161,12 @@ def shape_from_config(config: dict[str, Any], source: str = "config.json") -> Mo
         qkv_bias=family == "qwen2" or (family == "qwen2_moe" and bool(config.get("qkv_bias", True))),
         norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
         sliding_window=window, sliding_layers=windowed, window_cache_layers=bounded,
-        **_experts(config, family, values["layers"], source), **_latent(config, family, source), **values,
+        **experts_layout(config, family, values["layers"], source), **latent_layout(config, family, source), **values,
     )
-    fields.update(_family_layout(config, family, head_dim))
+    fields.update(family_layout(config, family, head_dim))
     if family in ("deepseek_v2", "deepseek_v3"):
         fields["rotary_dim"] = fields["qk_rope_head_dim"]
     return ModelShape(**fields)
-
-
-def _family_layout(config: dict[str, Any], family: str, head_dim: int) -> dict[str, Any]:
-    """The per-family parts of the layout: q/k norms, norm parameters, the MLP's form, lm_head's bias."""
-    if family in ("qwen3", "qwen3_moe", "gemma3_text"):
-        return dict(qk_norm=2 * head_dim)
-    if family == "olmo":
-        return dict(norms_per_layer=0, final_norm=False)
-    if family == "phi":
-        return dict(norms_per_layer=1, norm_bias=True, gated_mlp=False, lm_head_bias=True, attention_bias=True,
-                    mlp_bias=True, qk_norm=4 * head_dim if config.get("qk_layernorm") else 0)
-    return {}
-
-
-def _experts(config: dict[str, Any], family: str, layers: int, source: str) -> dict[str, Any]:
-    key = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts",
-           "deepseek_v2": "n_routed_experts", "deepseek_v3": "n_routed_experts"}.get(family)
-    experts = (_optional_int(config, key, source, zero=True) or 0) if key else 0
-    if not experts:
-        return {}
-    per_token = _positive_int(config, ("num_experts_per_tok",), source)
-    width = (_positive_int(config, ("intermediate_size",), source) if family == "mixtral"
-             else _positive_int(config, ("moe_intermediate_size",), source))
-    shared = 0
-    if family == "qwen2_moe":
-        shared = _optional_int(config, "shared_expert_intermediate_size", source, zero=True) or 0
-    elif family in ("deepseek_v2", "deepseek_v3"):
-        shared = (_optional_int(config, "n_shared_experts", source, zero=True) or 0) * width
-    return dict(experts=experts, experts_per_token=per_token, expert_intermediate=width, shared_intermediate=shared,
-                shared_expert_gate=family == "qwen2_moe",  # built even when the shared expert has width 0
-                moe_layers=moe_layers(config, family, layers))
-
-
-def _latent(config: dict[str, Any], family: str, source: str) -> dict[str, Any]:
-    if family not in ("deepseek_v2", "deepseek_v3"):
-        return {}
-    return dict(kv_lora_rank=_positive_int(config, ("kv_lora_rank",), source),
-                q_lora_rank=_optional_int(config, "q_lora_rank", source, zero=True) or 0,
-                **{f: _positive_int(config, (f,), source) for f in ("qk_nope_head_dim", "qk_rope_head_dim",
-                                                                    "v_head_dim")})
-
-
-def _positive_int(config: dict[str, Any], keys: tuple[str, ...], source: str) -> int:
-    for key in keys:
-        value = config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    raise InputError(f"{source}: no positive integer '{keys[0]}'",
-                     hint="the memory plan needs layers, hidden size, heads, intermediate size, vocab size "
-                          "and max_position_embeddings from the model's config.json")
-
-
-def _optional_int(config: dict[str, Any], key: str, source: str, zero: bool = False) -> int | None:
-    """config[key] when a positive integer, None when absent (or 0 where `zero` allows it: 'none of these')."""
-    value = config.get(key)
-    if value is None or (zero and value == 0 and not isinstance(value, bool)):
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InputError(f"{source}: '{key}' is {value!r}, not a positive integer", hint=f"fix or drop '{key}'")
-    return value
 
 
 # (K, N, count): `count` K x N linear layers.
