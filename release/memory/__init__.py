@@ -3,7 +3,8 @@ package or a config.json on a target, what would fit instead, and measurements t
 
 plan.py       the formula (Target, ModelSpec, breakdown, max_concurrency, max_context)
 verdict.py    make_plan / load_spec: the whole plan with alternatives, as `relctl plan` and the gate show it
-shape.py      a config.json's shape, parameter count and onnxruntime-genai builder layout
+shape.py      a config.json's shape, parameter count (active too) and onnxruntime-genai builder layout
+families.py   the architectures the plan knows (MoE, MLA, sliding windows, biases); the rest is unsupported
 package.py    a built package's initializer bytes, precision, KV dtype and provider
 catalogue.py  the GPU catalogue (gpus.json + release.yaml additions)
 measure.py    RSS / device memory and cold start, in worker processes (worker.py)

@@ -11,7 +11,7 @@ import click
 from release.cli_support import Ctx, emit, handled, json_option
 from release.errors import InputError
 from release.memory.catalogue import find_gpu, load_catalogue
-from release.memory.plan import GIB, KV_DTYPE_BYTES, Target
+from release.memory.plan import GIB, KV_DTYPE_BYTES, Target, check_context, parameters
 from release.memory.settings import project_catalogue
 from release.memory.shape import PRECISIONS, Precision, Provider
 from release.memory.verdict import MemoryPlan, load_spec, make_plan
@@ -51,6 +51,7 @@ def plan_command(source: Path, gpu_name: str | None, memory_gib: float | None, c
     target = _target(gpu_name, memory_gib, concurrency, context, gpus, kv_dtype, prefill_tokens, headroom,
                      cast(Provider, provider or ("cuda" if gpu_name else "cpu")), not no_overlap)
     spec = load_spec(source, cast(Precision | None, precision), target.provider)
+    check_context(spec.shape, target.context)
     plan = make_plan(spec, target)
     data = plan.to_dict()
     if plot_file is not None:
@@ -82,12 +83,29 @@ def _gib(value: int) -> str:
     return f"{value / GIB:9.2f} GiB"
 
 
+def _model_line(plan: MemoryPlan) -> str:
+    """The architecture facts the figures rest on: parameters (active ones for MoE) and KV per token."""
+    s, b = plan.spec.shape, plan.breakdown
+    total, active = parameters(plan.spec), parameters(plan.spec, active=True)
+    params = f"{s.family}, {total:,} parameters" + (
+        f" ({active:,} active: {s.experts_per_token} of {s.experts} experts)" if active != total else "")
+    kv = f"KV {b.kv_bytes_per_token:,} bytes/token" + (" (MLA latent)" if s.mla else "")
+    if s.window_cache_layers:
+        kv += (f"; {s.window_cache_layers} of {s.layers} layers cache at most {s.sliding_window:,} tokens "
+               f"({b.kv_bytes_per_token_beyond_window:,} bytes/token beyond them)")
+    elif s.sliding_layers:
+        kv += (f"; attention slides over {s.sliding_window:,} tokens but the cache holds the whole context "
+               "(onnxruntime-genai bounds only layer_types' sliding layers)")
+    return f"{params}; {kv}"
+
+
 def _print(plan: MemoryPlan, plot: Any) -> None:
     b, t = plan.breakdown, plan.target
     source = "the package" if plan.spec.weights_source == "package" else "config.json"
     device = t.gpu_name or f"{t.memory_gib:g} GiB"
     click.echo(f"{plan.spec.precision} weights from {source}, {t.concurrency} x {t.context} tokens "
                f"on {t.gpus} x {device}")
+    click.echo(f"  {_model_line(plan)}")
     for label, value in (("weights", b.weights), ("KV cache", b.kv_cache), ("workspace", b.workspace),
                          ("overhead", b.overhead), ("rollout overlap", b.overlap), ("peak", b.peak),
                          ("budget", b.budget), ("capacity", b.capacity), ("headroom", b.headroom_bytes)):

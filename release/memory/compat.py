@@ -3,6 +3,8 @@ plan is release.memory.verdict.make_plan).
 
 Per replica: weights + KV cache + workspace, where
     KV cache  = 2 (K and V) x layers x kv_heads x head_dim x bytes per element x concurrency x context_tokens
+                (MLA: layers x (kv_lora_rank + qk_rope_head_dim); a layer with a window-bounded cache holds at
+                most its window; an architecture the plan does not know is refused: release/memory/families.py)
     workspace = workspace_fraction x (weights + KV cache)
 A rolling update runs `rollout_replicas` replicas side by side on the accelerator, so the peak the plan
 must fit is per_replica x rollout_replicas; the headroom is what is left of `gpu_memory_gib` at that peak.
@@ -19,6 +21,7 @@ from typing import Any
 
 from release.config import ServingConfig
 from release.errors import InputError
+from release.memory.families import DEFAULT_HEAD_DIM, check_supported, sliding_layers
 
 GIB = 1024**3
 
@@ -77,6 +80,21 @@ def kv_geometry(config: dict[str, Any]) -> tuple[int, int, int]:
     return layers, kv_heads, head_dim
 
 
+def kv_layout(config: dict[str, Any]) -> tuple[int, int, int, int]:
+    """(layers, cached elements per token per layer, window, layers whose cache the window bounds) of a config whose
+    architecture the plan knows; InputError naming a missing field or saying 'unsupported architecture'."""
+    layers, kv_heads, head_dim = kv_geometry(config)
+    family = check_supported(config)
+    if family in ("deepseek_v2", "deepseek_v3"):
+        elements = first_int(config, ("kv_lora_rank",)) + first_int(config, ("qk_rope_head_dim",))
+    else:
+        if not isinstance(config.get("head_dim"), int) and family in DEFAULT_HEAD_DIM:
+            head_dim = DEFAULT_HEAD_DIM[family]
+        elements = 2 * kv_heads * head_dim
+    window, _, bounded = sliding_layers(config, family, layers)
+    return layers, elements, window, bounded
+
+
 def first_int(config: dict[str, Any], keys: tuple[str, ...], default: int | None = None) -> int:
     for key in keys:
         value = config.get(key)
@@ -98,9 +116,11 @@ def estimate_memory(
         raise InputError(f"weights_bytes: {weights_bytes} is negative", hint="pass the size of the model files")
     if kv_dtype_bytes not in (1, 2, 4):
         raise InputError(f"kv_dtype_bytes: {kv_dtype_bytes} is not 1, 2 or 4", hint="fp16 KV is 2, fp32 is 4")
-    layers, kv_heads, head_dim = kv_geometry(config)
-    per_token = 2 * layers * kv_heads * head_dim * kv_dtype_bytes
-    kv = per_token * serving.concurrency * serving.context_tokens
+    layers, elements, window, windowed = kv_layout(config)
+    per_token = layers * elements * kv_dtype_bytes
+    context = serving.context_tokens
+    per_sequence = elements * kv_dtype_bytes * ((layers - windowed) * context + windowed * min(context, window))
+    kv = per_sequence * serving.concurrency
     workspace = math.ceil(serving.workspace_fraction * (weights_bytes + kv))
     per_replica = weights_bytes + kv + workspace
     peak = per_replica * serving.rollout_replicas
@@ -116,16 +136,16 @@ def estimate_memory(
         capacity_bytes=capacity,
         headroom_bytes=capacity - peak,
         fits=peak <= capacity,
-        max_concurrency=max_concurrency(capacity, weights_bytes, per_token, serving),
+        max_concurrency=max_concurrency(capacity, weights_bytes, per_sequence, serving),
         concurrency=serving.concurrency,
         context_tokens=serving.context_tokens,
     )
 
 
-def max_concurrency(capacity: int, weights: int, per_token: int, serving: ServingConfig) -> int:
-    """Largest c with rollout x (1 + workspace) x (weights + per_token x context x c) <= capacity."""
+def max_concurrency(capacity: int, weights: int, per_sequence: int, serving: ServingConfig) -> int:
+    """Largest c with rollout x (1 + workspace) x (weights + per_sequence x c) <= capacity (per_sequence: one
+    sequence's KV cache at the context)."""
     per_replica_budget = capacity / (serving.rollout_replicas * (1 + serving.workspace_fraction))
-    per_sequence = per_token * serving.context_tokens
     if per_sequence == 0:
         return 0
     return max(0, math.floor((per_replica_budget - weights) / per_sequence))

@@ -5,10 +5,15 @@ T = B x P tokens in the largest forward pass, a = the io dtype's bytes, 4 for fp
     weights    = the package's ONNX initializers, or the builder's layout computed from config.json
     KV cache   = 2 x layers x kv_heads x head_dim x kv_bytes x B x L   (onnxruntime-genai with
                  past_present_share_buffer allocates max_length = L for every sequence of the batch)
+                 MLA (DeepSeek-V2/V3): layers x (kv_lora_rank + qk_rope_head_dim) x kv_bytes x B x L, the
+                 compressed latent an MLA engine (vLLM, SGLang) caches instead of K and V;
+                 a layer with a window-bounded cache holds min(L, window) tokens instead of L (Gemma2/3's
+                 sliding layers; Mistral's window limits attention but its cache is the full context)
     workspace  = T x a x max(3h + 6I, 3h + 2q + 2kv)     hidden states live at the MLP (or attention) peak:
                                                           residual, norm and skip-sum (3h); gate, up, sigmoid,
                                                           SiLU product and its product with up (5I), plus
-                                                          one I-wide tensor of allocator slack (fitted)
+                                                          one I-wide tensor of allocator slack (fitted);
+                                                          a MoE layer's I: its routed and shared experts' widths
                + T x V x a + B x V x 4                    prefill logits, and the last position in fp32
                + a floor per run (WORKSPACE_FLOOR_BYTES: the generator's and thread pool's own buffers)
     overhead   = a constant per device (RUNTIME_OVERHEAD_BYTES: cpu measured, cuda stated)
@@ -115,6 +120,7 @@ class Breakdown:
     budget: int
     kv_bytes_per_token: int
     fits: bool
+    kv_bytes_per_token_beyond_window: int = 0  # sliding-window models: a token past the window (full layers)
 
     @property
     def replica(self) -> int:
@@ -130,13 +136,34 @@ class Breakdown:
         data["headroom_bytes"] = self.headroom_bytes
         data["headroom_fraction"] = round(self.headroom_bytes / self.capacity, 6)
         data["gib"] = {k: round(v / GIB, 3) for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)
-                       and k != "kv_bytes_per_token"}
+                       and not k.startswith("kv_bytes_per_token")}
         return data
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
-    """K and V for every layer, for one token of one sequence."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_bytes
+    """K and V for every layer, for one token of one sequence (while the context is within every window):
+    2 x layers x kv_heads x head_dim x kv_bytes, or MLA's layers x (kv_lora_rank + qk_rope_head_dim) x kv_bytes."""
+    return shape.layers * shape.kv_elements_per_layer * kv_bytes
+
+
+def kv_bytes_per_token_beyond_window(shape: ModelShape, kv_bytes: int) -> int:
+    """What one more token costs once the context is past the window: the layers whose cache is not bounded."""
+    return (shape.layers - shape.window_cache_layers) * shape.kv_elements_per_layer * kv_bytes
+
+
+def kv_bytes_per_sequence(shape: ModelShape, kv_bytes: int, context: int) -> int:
+    """One sequence's KV cache at `context` tokens: a layer with a window-bounded cache keeps at most its window."""
+    bounded = shape.window_cache_layers
+    windowed = min(context, shape.sliding_window) if bounded else context
+    return shape.kv_elements_per_layer * kv_bytes * ((shape.layers - bounded) * context + bounded * windowed)
+
+
+def check_context(shape: ModelShape, context: int) -> None:
+    """InputError when `context` is beyond the positions the model was built for (max_position_embeddings)."""
+    if context > shape.max_positions:
+        raise InputError(f"--context: {context} tokens is beyond the model's max_position_embeddings "
+                         f"{shape.max_positions}",
+                         hint=f"plan --context {shape.max_positions} or less (the model cannot attend further)")
 
 
 def workspace_bytes(spec: ModelSpec, target: Target) -> int:
@@ -145,7 +172,7 @@ def workspace_bytes(spec: ModelSpec, target: Target) -> int:
     prefill = min(target.prefill_tokens or target.context, target.context)
     tokens = b * prefill
     act = io_bytes(spec.precision, target.provider)
-    hidden = tokens * act * max(3 * s.hidden + 6 * s.intermediate, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
+    hidden = tokens * act * max(3 * s.hidden + 6 * s.mlp_width, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
     logits = tokens * s.vocab * act + b * s.vocab * 4
     return hidden + logits + WORKSPACE_FLOOR_BYTES[target.provider]
 
@@ -154,7 +181,7 @@ def breakdown(spec: ModelSpec, target: Target, overlap_bytes: int | None = None)
     """The plan for `spec` on `target`; `overlap_bytes` is the old replica's size (None: same as this one)."""
     kv_bytes = KV_DTYPE_BYTES[target.kv_dtype] if target.kv_dtype else spec.kv_dtype_bytes
     per_token = kv_bytes_per_token(spec.shape, kv_bytes)
-    kv = per_token * target.concurrency * target.context
+    kv = kv_bytes_per_sequence(spec.shape, kv_bytes, target.context) * target.concurrency
     workspace = workspace_bytes(spec, target)
     overhead = RUNTIME_OVERHEAD_BYTES[target.provider] * target.gpus
     replica = spec.weights_bytes + kv + workspace + overhead
@@ -163,7 +190,8 @@ def breakdown(spec: ModelSpec, target: Target, overlap_bytes: int | None = None)
     budget = int(target.capacity_bytes * (1 - target.headroom))
     return Breakdown(weights=spec.weights_bytes, kv_cache=kv, workspace=workspace, overhead=overhead,
                      overlap=overlap, peak=peak, capacity=target.capacity_bytes, budget=budget,
-                     kv_bytes_per_token=per_token, fits=peak <= budget)
+                     kv_bytes_per_token=per_token, fits=peak <= budget,
+                     kv_bytes_per_token_beyond_window=kv_bytes_per_token_beyond_window(spec.shape, kv_bytes))
 
 
 def largest(fits: Callable[[int], bool], limit: int = 2**40) -> int:
@@ -204,5 +232,5 @@ def spec_at(base: ModelSpec, precision: Precision, provider: Provider) -> ModelS
     return base if precision == base.precision else ModelSpec.from_config(base.shape, precision, provider)
 
 
-def parameters(spec: ModelSpec) -> int:
-    return parameter_count(spec.shape)
+def parameters(spec: ModelSpec, active: bool = False) -> int:
+    return parameter_count(spec.shape, active)

@@ -78,6 +78,7 @@ class MemoryPlan:
             "fits": self.fits,
             "summary": self.summary(),
             "model": {**self.spec.shape.to_dict(), "parameters": parameters(self.spec),
+                      "active_parameters": parameters(self.spec, active=True),
                       "precision": self.spec.precision, "weights_source": self.spec.weights_source,
                       "kv_dtype_bytes": self.spec.kv_dtype_bytes},
             "target": {"gpu": t.gpu_name, "memory_gib": t.memory_gib, "gpus": t.gpus, "provider": t.provider,

@@ -68,7 +68,7 @@ def test_grouped_query_attention_and_explicit_head_dim() -> None:
     llama3_8b = {**LLAMA2_7B, "num_key_value_heads": 8}
     assert estimate_memory(llama3_8b, 0, PLAN, 2).kv_bytes_per_token == 131_072  # 128 KiB per token
     # Gemma-7B: head_dim 256 is not hidden_size / heads (192); the config's value wins.
-    gemma = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+    gemma = {"model_type": "gemma", "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
              "hidden_size": 3072, "head_dim": 256}
     assert estimate_memory(gemma, 0, PLAN, 2).kv_bytes_per_token == 2 * 28 * 16 * 256 * 2
 
