@@ -28,6 +28,7 @@ from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
 from release.errors import InputError
 from release.gating.contract import Gate, Problem, missing_file, preflight
+from release.memory.families import check_supported
 from release.registry import Registry
 from release.registry import tags as T
 from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
@@ -58,10 +59,13 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
 
     if "config.json" in files:
         try:
-            report.backend = choose_backend(read_run_config(registry, run_id, ckpt), cfg.convert.backend,
-                                            cfg.convert.precision, cfg.convert.execution_provider)
+            config = read_run_config(registry, run_id, ckpt)
+            report.backend = choose_backend(config, cfg.convert.backend, cfg.convert.precision,
+                                            cfg.convert.execution_provider)
+            # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
+            check_supported(config, f"{ckpt}/config.json")
         except InputError as exc:
-            need(False, f"{ckpt}/{exc.message}", exc.hint or "")
+            need(False, exc.message if exc.message.startswith(ckpt) else f"{ckpt}/{exc.message}", exc.hint or "")
     if not files:
         need(False, f"run '{run_id}' has no checkpoint at artifact path '{ckpt}/'",
              f"log it with mlflow.log_artifacts(checkpoint_dir, '{ckpt}') or set source.artifact_path")
