@@ -15,6 +15,7 @@ from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
+from release.registry.lock import refuse_reserved_name
 from release.report import ReleaseReport
 from release.stages.package import verify_package
 from release.stages.register import register_package
@@ -105,6 +106,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
+    refuse_reserved_name(model)
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 

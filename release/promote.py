@@ -33,6 +33,7 @@ from release.progress import Progress
 from release.registry import CANDIDATE, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.client import logged_model_id
+from release.registry.lock import refuse_reserved_name
 from release.registry.runs import ReleaseRun
 from release.report import (
     COMPARED,
@@ -81,6 +82,8 @@ class Promotion:
         return model_card(report, sections)
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
+        if self.cfg.model:
+            refuse_reserved_name(self.cfg.model)
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
         missing = [g for g in self.cfg.require if g not in self.cfg.gates]
         if missing:
@@ -93,6 +96,7 @@ class Promotion:
             self.progress.note(warning)
         training = contract.run or self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
+        refuse_reserved_name(name)
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
             self.progress.note(note)
         report = ReleaseReport(model=name, training_run=run_id, release_run=None,

@@ -175,9 +175,12 @@ class Registry:
             )
 
     def list_models(self) -> list[str]:
-        return sorted(m.name for m in self.client.search_registered_models() if not lk.is_lock_model(m.name))
+        # Only a proven lease is hidden: a model someone named `relctl.lock.*` in MLflow is still listed.
+        return sorted(m.name for m in self.client.search_registered_models()
+                      if not (lk.is_reserved_name(m.name) and lk.is_lease(dict(m.tags))))
 
     def ensure_model(self, name: str, description: str) -> None:
+        lk.refuse_reserved_name(name)
         if not self.model_exists(name):
             try:
                 self.client.create_registered_model(name, description=description)
