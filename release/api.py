@@ -61,11 +61,12 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
-             progress: Progress | None = None) -> AliasMove:
+             progress: Progress | None = None, allow_unreleased: bool = False) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
-    once cannot both act on the same state: the second sees the first's result.
+    once cannot both act on the same state: the second sees the first's result. A target whose state
+    the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
     registry = open_registry(project_dir)
     registry.require_model(model)
@@ -96,7 +97,8 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
         return {PRODUCTION: target, PREVIOUS: registry.replaced_by(model, target)}
 
-    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None)
+    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None,
+                                       override=allow_unreleased)
     for note in notes:
         (progress or Progress(quiet=True)).note(note)
     if move is None:
