@@ -53,6 +53,7 @@ def test_rollback_to_a_version_that_never_passed_is_refused_naming_its_state(pro
 def test_every_alias_move_obeys_the_same_rule(project_dir: Path, tmp_path: Path) -> None:
     _v1, v2, registry = two_versions(project_dir, tmp_path)
     v3 = _register(project_dir, tmp_path, 3)
+    registry.move_aliases(MODEL, {"production": v2, "previous": _v1}, "rollback", "v3 off production", None)
     registry.set_version_tags(MODEL, v3, {T.RELEASE_STATE: "registering", T.RELEASE_RUN: "run-a"})
     # A registering version: only the release run creating it may alias it (register, the canary's pass).
     with pytest.raises(InputError, match=f"candidate may not point at v{v3}: it is registering"):
