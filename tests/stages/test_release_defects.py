@@ -21,10 +21,12 @@ from release.registry import Registry
 from release.registry import tags as T
 from release.store import resolve_store
 from tests.registry.test_crash_and_race import kill_when_paused, relctl_process
-from tests.stages.test_canary_release import CANARY
 from tests.stages.test_promote import MODEL, load_train_module, relctl
 
 pytestmark = pytest.mark.slow
+
+# A canary gate (it is paused or stopped before its servers start in these tests).
+CANARY = "gates:\n  canary:\n    steps: [50]\n    step_requests: 20\n    traffic: {rate: 20, requests: 1}\n"
 
 
 @pytest.fixture(scope="module")
