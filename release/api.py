@@ -16,6 +16,7 @@ from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
+from release.registry.lock import refuse_reserved_name
 from release.report import ReleaseReport
 from release.stages.register import register_package
 from release.store import connect, resolve_store
@@ -60,11 +61,12 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
-             progress: Progress | None = None) -> AliasMove:
+             progress: Progress | None = None, allow_unreleased: bool = False) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
-    once cannot both act on the same state: the second sees the first's result.
+    once cannot both act on the same state: the second sees the first's result. A target whose state
+    the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
     registry = open_registry(project_dir)
     registry.require_model(model)
@@ -95,7 +97,8 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
         return {PRODUCTION: target, PREVIOUS: registry.replaced_by(model, target)}
 
-    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None)
+    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None,
+                                       override=allow_unreleased)
     for note in notes:
         (progress or Progress(quiet=True)).note(note)
     if move is None:
@@ -105,6 +108,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
+    refuse_reserved_name(model)
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 

@@ -167,14 +167,17 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
 @click.argument("model")
 @click.option("--to", "to_version", help="Version to return to (default: the 'previous' alias).")
 @click.option("--reason", default="manual rollback", show_default=True, help="Recorded in the alias history.")
+@click.option("--allow-unreleased", is_flag=True,
+              help="Allow a target that never passed its gates (rejected, stopped, registering); recorded.")
 @json_option
 @click.pass_obj
 @handled
-def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, as_json: bool) -> None:
+def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_unreleased: bool,
+             as_json: bool) -> None:
     """Move MODEL's production alias back to the version it replaced, in one step."""
     from release import api
 
-    move = api.rollback(model, ctx.project_dir, reason, to_version)
+    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
     frm, to = move.changes["production"]
     emit(asdict(move), as_json, lambda: click.echo(f"{model}: production v{frm} -> v{to}"))
 

@@ -20,7 +20,11 @@ EXIT_TERMINATED = 143
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is, so it unwinds (and cleans up) exactly like Ctrl-C."""
+    """SIGTERM, raised where the process is, so it unwinds (and cleans up) exactly like Ctrl-C.
+
+    Whoever unwinds something on the way out (the canary's version) sets `hint` to say what is left."""
+
+    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ def classify(exc: BaseException) -> Failure:
     if isinstance(exc, ReleaseError):
         return Failure(exc.message, exc.hint, exc.exit_code)
     if isinstance(exc, Terminated):
-        return Failure("terminated (SIGTERM)", "nothing was registered after the signal; re-run to resume",
-                       EXIT_TERMINATED)
+        return Failure("terminated (SIGTERM)", exc.hint or "finished stages are kept; re-run the same command to "
+                       "resume (the release report says what was registered)", EXIT_TERMINATED)
     if isinstance(exc, KeyboardInterrupt):
         return Failure("interrupted", "finished stages are kept; re-run the same command to resume", EXIT_INTERRUPTED)
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):

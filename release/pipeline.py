@@ -5,23 +5,29 @@ inputs (say int4 and int8) never share a folder, and the same inputs find the sa
 stage is finished when its manifest exists, its fingerprint matches, and the files it recorded still
 have their checksums (re-verified on resume). Outputs are built in `<folder>.partial/` and renamed when
 complete, so an interrupted stage leaves nothing that looks finished; a file lock per folder makes a
-second promote wait for the first instead of writing the same folder.
+second promote wait for the first instead of writing the same folder. Around all of that, `promote_lock`
+keeps one promote of a run in flight (a CI retry, a webhook redelivery): the gates' folders under
+`<work>/gates/` and the registering version are never shared by two at once.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
+import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from release.errors import InputError
+from release.errors import InputError, RegistryError
 from release.faults import pause_point
 from release.hashing import sha256_tree
 from release.progress import Progress
@@ -29,6 +35,7 @@ from release.stages.base import Stage, StageResult
 from release.store import STATE_DIR
 
 MANIFEST = "manifest.json"
+DEFAULT_PROMOTE_WAIT_S = 1800.0
 ResultT = TypeVar("ResultT", bound=StageResult)
 
 
@@ -54,6 +61,66 @@ def folder_lock(path: Path) -> Iterator[None]:
         try:
             yield
         finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def promote_wait_s() -> float:
+    """How long a promote waits for another promote of the same run (`RELCTL_PROMOTE_WAIT_S`, default 1800 s)."""
+    return float(os.environ.get("RELCTL_PROMOTE_WAIT_S", DEFAULT_PROMOTE_WAIT_S))
+
+
+def _promote_lock_path(key: str, fallback: Path) -> Path:
+    # Machine-wide (not per project folder), so two checkouts of one CI runner promoting the same run into
+    # the same registry are serialized too; a private /tmp falls back to the project's own folder.
+    shared = Path(tempfile.gettempdir()) / "relctl-locks"
+    try:
+        shared.mkdir(exist_ok=True)
+        if shared.stat().st_uid == os.getuid():
+            shared.chmod(0o1777)  # every user's relctl may take a lock here, none may remove another's
+        path = shared / f"promote-{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"
+        path.open("a").close()
+        return path
+    except OSError:
+        fallback.mkdir(parents=True, exist_ok=True)
+        return fallback / "promote.lock"
+
+
+@contextmanager
+def promote_lock(key: str, label: str, fallback: Path, progress: Progress) -> Iterator[None]:
+    """One promote of a run in flight at a time: a second one waits (saying so) and then goes on from the
+    first's finished stages and registry state; past the deadline it stops with exit 4 naming the holder."""
+    path = _promote_lock_path(key, fallback)
+    with path.open("a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            wait = promote_wait_s()
+            holder = path.read_text().strip() or "another relctl"
+            progress.note(f"another promote of {label} is in flight ({holder}); waiting for it to finish "
+                          f"(up to {wait:g} s, RELCTL_PROMOTE_WAIT_S)")
+            deadline = time.monotonic() + wait
+            while True:
+                time.sleep(0.2)
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise RegistryError(f"another promote of {label} is still in flight ({holder}) after "
+                                            f"{wait:g} s", hint="let it finish, then re-run this promote (it "
+                                            "resumes); RELCTL_PROMOTE_WAIT_S sets the wait") from None
+            progress.note(f"the other promote of {label} is done; going on from what it finished")
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                     f"{datetime.now(UTC).isoformat(timespec='seconds')}")
+            fh.flush()
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 

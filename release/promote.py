@@ -18,11 +18,12 @@ from typing import Any
 
 from release import links
 from release.backends import Backend
+from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
 from release.contract import check_run
 from release.core.package import MANIFEST, PackageManifest, verify_package
 from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
-from release.failure import classify
+from release.failure import Terminated, classify
 from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
 from release.gating.plugins import load_gates
@@ -30,11 +31,12 @@ from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.hashing import sha256_file
 from release.lineage import repo_state
-from release.pipeline import Done, Pipeline, work_dir_for
+from release.pipeline import Done, Pipeline, promote_lock, work_dir_for
 from release.progress import Progress
 from release.registry import CANDIDATE, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.client import logged_model_id
+from release.registry.lock import refuse_reserved_name
 from release.registry.runs import ReleaseRun
 from release.report import (
     COMPARED,
@@ -83,6 +85,8 @@ class Promotion:
         return model_card(report, sections)
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
+        if self.cfg.model:
+            refuse_reserved_name(self.cfg.model)
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
         missing = [g for g in self.cfg.require if g not in self.cfg.gates]
         if missing:
@@ -98,6 +102,13 @@ class Promotion:
             raise ReleaseError(f"run '{run_id}': no backend was chosen, yet the run contract found no problem")
         training = contract.run or self.registry.get_run(run_id)
         name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
+        refuse_reserved_name(name)
+        with promote_lock(f"{self.registry.store.tracking_uri}|{run_id}", f"run {run_id}",
+                          work_dir_for(self.project_dir, run_id), self.progress):
+            return self._run_locked(run_id, name, gates, backend, dry_run, summary_path)
+
+    def _run_locked(self, run_id: str, name: str, gates: list[Gate], backend: Backend, dry_run: bool,
+                    summary_path: Path | None) -> ReleaseReport:
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
             self.progress.note(note)
         report = ReleaseReport(model=name, training_run=run_id, release_run=None,
@@ -349,7 +360,23 @@ class Promotion:
             self.gates_markdown = render_markdown(self.gate_results, None)
             self._record(name, version, run, report)
             return
-        results = self._gates("after_register", later, name, package, intake, report, production, version)
+        try:
+            pause_point("canary:running")
+            results = self._gates("after_register", later, name, package, intake, report, production, version)
+        except BaseException as exc:  # SIGTERM, Ctrl-C, a crash: the version must not stay half-released
+            self._unwind(name, version, run, report, exc)
+            raise
+        stopped = [r for r in results if r.details.get("outcome") == "stopped"]
+        if stopped:  # a rollback won during the canary: stopped, not rejected, and the promote says so
+            why = str(stopped[0].details.get("reason") or stopped[0].reason)
+            for entry in report.gates:
+                entry["status"] = "stopped" if entry["gate"] == stopped[0].gate else entry["status"]
+            unwind_canary(self.registry, name, version, f"canary stopped: {why}", run.run_id)
+            self._record(name, version, run, report)
+            raise reg.ProductionMoved(f"{name}: canary of v{version} stopped: {why}; v{version} was registered "
+                                      "but not promoted (tagged stopped)",
+                                      hint="production changed under this release (a rollback?); re-run relctl "
+                                           "promote to gate the candidate against the new production")
         failed = [r for r in results if r.status == "fail"]
         if failed:
             reason = f"gate {failed[0].gate}: {failed[0].reason}"
@@ -366,6 +393,20 @@ class Promotion:
             self.progress.note(note)
         report.aliases, report.outcome = (move.changes if move else {}), "released"
         self._record(name, version, run, report)
+
+    def _unwind(self, name: str, version: str, run: ReleaseRun, report: ReleaseReport, exc: BaseException) -> None:
+        """The canary was cut short by `exc`: unwind the version (canary.outcome) and say what is left."""
+        try:
+            unwind_canary(self.registry, name, version, f"canary interrupted: {classify(exc).message}", run.run_id)
+            note = (f"{name} v{version} was registered; its canary was interrupted: candidate removed, version "
+                    "tagged stopped; re-run the same command to canary it again")
+        except Exception as failure:  # what the user must see is `exc`; this only says what is left
+            note = (f"{name} v{version} was registered and its canary interrupted, but it could not be unwound "
+                    f"({classify(failure).message}); the next promote of this run resumes it")
+        report.notes.append(note)
+        self.progress.note(note)
+        if isinstance(exc, ReleaseError | Terminated):
+            exc.hint = note
 
     def _add_links(self, report: ReleaseReport) -> None:
         """MLflow UI links for the report and the card (absolute for a server, relative for the embedded store)."""

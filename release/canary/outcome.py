@@ -2,7 +2,9 @@
 
 pass    production -> candidate, previous -> the old production, candidate removed (one history entry)
 fail    candidate removed, the version tagged rejected with the reason; production never moves
-stopped (e.g. a rollback won) candidate removed, gate.canary.status=stopped; why is in the history
+stopped (e.g. a rollback won) candidate removed, gate.canary.status=stopped; a version still
+        `registering` becomes `stopped` (it never passed: registry/states.py keeps it off production)
+interrupted (SIGTERM, Ctrl-C during the canary) the same as stopped, by `unwind_canary`
 
 The reason of every outcome is in the alias history entry; the version keeps only its stable tags.
 """
@@ -13,6 +15,8 @@ from gates.base import GateResult
 from release.canary.runner import CanaryResult
 from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
+from release.registry.lock import retry_busy
+from release.registry.states import REGISTERING, STOPPED
 from release.stages.register import ProductionMoved, promote_version
 
 REJECTED_TAG = T.REJECTED_REASON
@@ -49,12 +53,10 @@ def finish_canary(registry: Registry, model: str, candidate_version: str, produc
         except ProductionMoved:
             pass
         current = registry.aliases(model).get(PRODUCTION)
-        result_reason = f"production moved to v{current} during the canary; it wins"
-        registry.set_version_tag(model, candidate_version, STATUS_TAG, "stopped")
-        return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", result_reason, release_run)
+        return unwind_canary(registry, model, candidate_version,
+                             f"production moved to v{current} during the canary; it wins", release_run)
     if outcome == "stopped":
-        registry.set_version_tag(model, candidate_version, STATUS_TAG, "stopped")
-        return registry.move_aliases(model, {CANDIDATE: None}, "canary-stopped", reason, release_run)
+        return unwind_canary(registry, model, candidate_version, reason, release_run)
     why = f"canary {outcome}: {reason}"
     registry.set_version_tags(model, candidate_version, {STATUS_TAG: "fail", T.RELEASE_STATE: "rejected",
                                                          REJECTED_TAG: why})
@@ -66,3 +68,22 @@ def start_canary(registry: Registry, model: str, candidate_version: str, release
     """Point `candidate` at the version under canary (a history entry of its own)."""
     return registry.move_aliases(model, {CANDIDATE: candidate_version}, "canary-start",
                                  f"v{candidate_version} under canary", release_run)
+
+
+def unwind_canary(registry: Registry, model: str, candidate_version: str, reason: str,
+                  release_run: str | None = None) -> AliasMove | None:
+    """A canary cut short (a rollback won, a signal): `candidate` removed if it still names the version,
+    gate.canary.status=stopped, and a version still `registering` becomes `stopped`, never left half-released.
+
+    Runs while the process unwinds, often right after the canary's servers wrote to the same SQLite store:
+    each write is retried while the store answers "database is locked".
+    """
+
+    def drop_candidate(current: dict[str, str]) -> dict[str, str | None]:
+        return {CANDIDATE: None} if current.get(CANDIDATE) == candidate_version else {}
+
+    move, _ = retry_busy(lambda: registry.locked_move(model, drop_candidate, "canary-stopped", reason, release_run))
+    state = retry_busy(lambda: registry.get_version(model, candidate_version).tags.get(T.RELEASE_STATE))
+    tags = {STATUS_TAG: "stopped", **({T.RELEASE_STATE: STOPPED} if state == REGISTERING else {})}
+    retry_busy(lambda: registry.set_version_tags(model, candidate_version, tags))
+    return move

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from release.api import open_registry
-from release.canary.outcome import finish_canary, start_canary
+from release.canary.outcome import finish_canary, start_canary, unwind_canary
 from release.canary.runner import CanaryResult, run_canary
 from release.canary.servers import served
 from release.canary.settings import CanaryConfig
@@ -59,6 +59,9 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
                                 should_stop=production_moved(registry, model, production), progress=say)
     except ReleaseError as exc:
         registry.move_aliases(model, {CANDIDATE: None}, "canary-error", f"canary could not run: {exc.message}", None)
+        raise
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the candidate does not stay aliased behind a dead canary
+        unwind_canary(registry, model, candidate, "canary interrupted")
         raise
     move = finish_canary(registry, model, candidate, production, result)
     extra = {"model": model, "production_version": production, "candidate_version": candidate,

@@ -217,7 +217,8 @@ def _roll_back(router: Router, driver: TrafficDriver, checks: list[Check], verdi
 def _stopped(router: Router, checks: list[Check], reason: str, config: CanaryConfig) -> CanaryResult:
     started = time.perf_counter()
     applied = router.set_weights(candidate=0.0, shadow=0.0, step="stopped")
-    return CanaryResult("stopped", f"stopped: {reason}", checks, config.shadow, rollback_s=applied - started)
+    # The outcome says "stopped"; the reason is only why (gate_result writes "stopped: <reason>" once).
+    return CanaryResult("stopped", reason, checks, config.shadow, rollback_s=applied - started)
 
 
 def _warm_up(router: Router, url: str, opts: ClientOptions, requests: list[Any], count: int) -> None:

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 from release.errors import InputError, RegistryError
 from release.registry import aliases as al
 from release.registry import lock as lk
-from release.registry import runs
+from release.registry import runs, states
 from release.registry import tags as T
 from release.registry.model_page import model_page
 from release.store import Store, ensure_experiment
@@ -154,6 +154,14 @@ class Registry:
         mlflow.set_experiment(experiment_id=experiment_id)
         return runs.release_run(experiment_id, run_name, {T.MODEL: model, **tags})
 
+    def release_in_flight(self, run_id: str) -> bool:
+        try:
+            return runs.in_flight(self.client, run_id)
+        except MlflowException as exc:
+            if _not_found(exc):
+                return False
+            raise RegistryError(f"cannot read release run '{run_id}': {exc.message}") from exc
+
     def reap_dead_runs(self, model: str) -> list[str]:
         return runs.reap_dead_runs(self.client, self.releases_experiment(), model)
 
@@ -175,9 +183,12 @@ class Registry:
             )
 
     def list_models(self) -> list[str]:
-        return sorted(m.name for m in self.client.search_registered_models() if not lk.is_lock_model(m.name))
+        # Only a proven lease is hidden: a model someone named `relctl.lock.*` in MLflow is still listed.
+        return sorted(m.name for m in self.client.search_registered_models()
+                      if not (lk.is_reserved_name(m.name) and lk.is_lease(dict(m.tags))))
 
     def ensure_model(self, name: str, description: str) -> None:
+        lk.refuse_reserved_name(name)
         if not self.model_exists(name):
             try:
                 self.client.create_registered_model(name, description=description)
@@ -292,18 +303,40 @@ class Registry:
         return lk.model_lock(self.client, name, purpose)
 
     def locked_move(self, name: str, decide: Decide, action: str, reason: str,
-                    release_run: str | None) -> tuple[al.AliasMove | None, list[str]]:
-        """Under the model's lock: repair half-done moves, let `decide(current aliases)` choose, move.
+                    release_run: str | None, override: bool = False) -> tuple[al.AliasMove | None, list[str]]:
+        """Under the model's lock: repair half-done moves, let `decide(current aliases)` choose, check each
+        target against the alias state rule (registry/states.py), move.
 
         Returns the move (None when it would change nothing: a no-op is not recorded) and repair notes.
         """
         with self.lock(name, action):
             notes = al.repair_pending(self.client, name, lambda: self.aliases(name))
             current = self.aliases(name)
-            move = al.apply_move(self.client, name, current, decide(current), action, reason, release_run)
+            wanted = decide(current)
+            forced = self._check_targets(name, current, wanted, release_run, override)
+            if forced:
+                reason = f"{reason} (forced with {states.OVERRIDE_FLAG}: {'; '.join(forced)})"
+            move = al.apply_move(self.client, name, current, wanted, action, reason, release_run)
         if move is not None or notes:
             self.refresh_model_page(name)
         return move, notes
+
+    def _check_targets(self, name: str, current: dict[str, str], wanted: dict[str, str | None],
+                       release_run: str | None, override: bool) -> list[str]:
+        """Refuse (exit 2) a move the state rule forbids, unless overridden: then the refusals, for the record."""
+        refusals = []
+        for alias, version in wanted.items():
+            if version is None or current.get(alias) == version:
+                continue
+            refusal = states.alias_refusal(alias, version, self.get_version(name, version).tags, release_run)
+            if refusal is not None:
+                refusals.append(refusal)
+        if refusals and not override:
+            raise InputError(f"{name}: {refusals[0]}",
+                             hint="only a version that passed its gates may serve; pass "
+                                  f"`relctl rollback --to VERSION {states.OVERRIDE_FLAG}` to move production to "
+                                  "it anyway (recorded in the history)")
+        return refusals
 
     def move_aliases(self, name: str, changes: dict[str, str | None], action: str, reason: str,
                      release_run: str | None) -> al.AliasMove | None:

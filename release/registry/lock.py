@@ -8,6 +8,13 @@ server, across machines, with nothing but the registry. A holder that died leave
 expires (`RELCTL_LOCK_TTL_S`, default 120 s; a lease of a dead pid on this host is broken at once).
 Breaking a stale lease is itself serialized by creating `relctl.lock.M.break.<nonce>` first, so two
 breakers cannot both delete a lease and a fresh one taken in between.
+
+The `relctl.lock.` namespace is reserved: relctl never registers a model named so, and it treats a
+registered model there as a lease only when it carries the lease marker tag (`relctl.lease`) that
+relctl writes in the same atomic create. Anything else under that name (a model someone registered
+directly in MLflow) is never hidden, never broken, never deleted: the alias move stops with exit 4
+naming it. Every wait has a deadline (`RELCTL_LOCK_WAIT_S`, default 180 s) and ends in exit 4 naming
+the holder, whatever is in the way (a live holder, a leftover break marker, a name that is not a lease).
 """
 
 from __future__ import annotations
@@ -16,33 +23,55 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from release.errors import RegistryError
+from release.errors import InputError, RegistryError
 
 LOCK_PREFIX = "relctl.lock."
+LEASE_TAG = "relctl.lease"          # the marker: only a model carrying it is a lease relctl may break
+LEASE_KIND = "lease"
+BREAK_KIND = "break"
 DEFAULT_TTL_S = 120.0
 DEFAULT_WAIT_S = 180.0
+BUSY_RETRY_S = 30.0
+T = TypeVar("T")
 
 
-def is_lock_model(name: str) -> bool:
-    return name.startswith(LOCK_PREFIX)
+def is_reserved_name(name: str) -> bool:
+    """A name in the lease namespace (compared case-insensitively: some backends compare names so)."""
+    return name.casefold().startswith(LOCK_PREFIX)
+
+
+def refuse_reserved_name(name: str) -> None:
+    """Exit 2 for a model name in the lease namespace, before anything is written."""
+    if is_reserved_name(name):
+        raise InputError(f"model name '{name}' is reserved: names starting with '{LOCK_PREFIX}' are relctl's "
+                         "alias leases", hint="choose another registered model name (release.yaml model:, --model)")
+
+
+def is_lease(tags: dict[str, str]) -> bool:
+    """A registered model's tags prove it is one of relctl's leases (or break markers)."""
+    return tags.get(LEASE_TAG) in (LEASE_KIND, BREAK_KIND)
 
 
 def _exists_error(exc: MlflowException) -> bool:
     return exc.error_code == "RESOURCE_ALREADY_EXISTS" or "already exists" in str(exc.message).lower()
 
 
-def _busy_error(exc: MlflowException) -> bool:
+def is_busy(exc: BaseException) -> bool:
     # SQLite under concurrent writers: contention, not failure.
-    return "database is locked" in str(exc.message).lower()
+    return "database is locked" in str(getattr(exc, "message", exc)).lower()
+
+
+def _busy_error(exc: MlflowException) -> bool:
+    return is_busy(exc)
 
 
 def _missing_error(exc: MlflowException) -> bool:
@@ -53,20 +82,50 @@ def _ttl() -> float:
     return float(os.environ.get("RELCTL_LOCK_TTL_S", DEFAULT_TTL_S))
 
 
+def wait_s() -> float:
+    """How long an alias move waits for the lease before exit 4 (`RELCTL_LOCK_WAIT_S`, default 180 s)."""
+    return float(os.environ.get("RELCTL_LOCK_WAIT_S", DEFAULT_WAIT_S))
+
+
+def retry_busy(action: Callable[[], T], budget_s: float = BUSY_RETRY_S) -> T:
+    """`action()`, retried while SQLite answers "database is locked" (another writer), up to `budget_s`."""
+    deadline = time.monotonic() + budget_s
+    delay = 0.05
+    while True:
+        try:
+            return action()
+        except Exception as exc:  # MlflowException, RegistryError or SQLAlchemy's OperationalError
+            if not is_busy(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+def _owner_tags(kind: str, nonce: str, purpose: str) -> dict[str, str]:
+    return {LEASE_TAG: kind, "nonce": nonce, "host": socket.gethostname(), "pid": str(os.getpid()),
+            "purpose": purpose, "expires": f"{time.time() + _ttl():.3f}",
+            "since": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+def describe(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "holder unknown"
+    return (f"{holder.get('purpose', '?')} by pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+            f"since {holder.get('since', '?')}")
+
+
 @contextmanager
-def model_lock(client: MlflowClient, model: str, purpose: str, wait_s: float = DEFAULT_WAIT_S) -> Iterator[None]:
+def model_lock(client: MlflowClient, model: str, purpose: str, wait: float | None = None) -> Iterator[None]:
     """Hold the alias-move lease of `model` for the duration of the block."""
     name = f"{LOCK_PREFIX}{model}"
     nonce = secrets.token_hex(8)
-    deadline = time.monotonic() + wait_s
+    budget = wait_s() if wait is None else wait
+    deadline = time.monotonic() + budget
     delay = 0.02
     while True:
-        expires = time.time() + _ttl()
-        tags = {"nonce": nonce, "host": socket.gethostname(), "pid": str(os.getpid()),
-                "purpose": purpose, "expires": f"{expires:.3f}",
-                "since": datetime.now(UTC).isoformat(timespec="seconds")}
         try:
-            client.create_registered_model(name, tags=tags, description=f"relctl: {purpose} of '{model}' in progress")
+            client.create_registered_model(name, tags=_owner_tags(LEASE_KIND, nonce, purpose),
+                                           description=f"relctl: {purpose} of '{model}' in progress")
             break
         except MlflowException as exc:
             # MLflow's SQL store answers a duplicate name by reading the model back; when the holder
@@ -76,14 +135,19 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait_s: float = D
         holder = _holder(client, name)
         if holder is not None and holder.get("nonce") == nonce:
             break  # our own create went through and MLflow's retry of it (after a lost answer) collided
-        if holder is not None and _stale(holder):
-            _break(client, name, holder)
-            continue
+        blocker = ""
+        if holder is not None and not is_lease(holder):
+            _not_a_lease(model, name, holder)
+            blocker = (f"; it carries no {LEASE_TAG} tag (an older relctl's lease?), so relctl never breaks it: "
+                       f"delete '{name}' in MLflow if its holder is gone")
+        elif holder is not None and _stale(holder):
+            blocker = _break(client, name, holder)
+        # Checked on every pass, whatever is in the way: no wait is without an end.
         if time.monotonic() > deadline:
-            who = f"{holder.get('purpose')} by pid {holder.get('pid')} on {holder.get('host')}" if holder else "?"
-            raise RegistryError(f"'{model}' is locked ({who}, since {holder.get('since') if holder else '?'})",
-                                hint="another relctl is moving its aliases; retry when it is done "
-                                     "(a dead holder's lease expires by itself)")
+            raise RegistryError(
+                f"'{model}' is locked ({describe(holder)}); gave up after {budget:g} s{blocker}",
+                hint="another relctl is moving its aliases; retry when it is done (a dead holder's lease "
+                     "expires by itself; RELCTL_LOCK_WAIT_S sets the wait)")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
     try:
@@ -94,16 +158,29 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait_s: float = D
             _delete(client, name)
 
 
+def _not_a_lease(model: str, name: str, tags: dict[str, Any]) -> None:
+    """The lease's name is taken by a model relctl cannot prove is its lease: never delete it, say so."""
+    if "nonce" in tags and "expires" in tags:
+        return  # an older relctl's lease (no marker): waited for, never broken, until the deadline
+    raise RegistryError(f"registered model '{name}' blocks the alias lease of '{model}': it is not a relctl "
+                        f"lease (no {LEASE_TAG} tag), so relctl will not delete it",
+                        hint=f"rename or delete '{name}' in MLflow; names starting with '{LOCK_PREFIX}' are "
+                             "reserved for relctl's leases")
+
+
 def _holder(client: MlflowClient, name: str) -> dict[str, Any] | None:
     try:
         return dict(client.get_registered_model(name).tags)
     except MlflowException as exc:
         if _missing_error(exc) or exc.error_code == "INVALID_PARAMETER_VALUE":
             return None
+        if _busy_error(exc):
+            return None  # unknown for now: the caller waits and asks again
         raise RegistryError(f"cannot read lock '{name}': {exc.message}") from exc
 
 
 def _stale(holder: dict[str, Any]) -> bool:
+    """Expired, or held by a dead process on this host. Only ever asked of a proven lease."""
     try:
         if float(holder.get("expires", "0")) < time.time():
             return True
@@ -114,26 +191,40 @@ def _stale(holder: dict[str, Any]) -> bool:
     return False
 
 
-def _break(client: MlflowClient, name: str, holder: dict[str, Any]) -> None:
+def _break(client: MlflowClient, name: str, holder: dict[str, Any]) -> str:
+    """Delete the stale lease `holder` under a break marker; '' or why it could not (for the timeout message)."""
     marker = f"{name}.break.{holder.get('nonce')}"
+    nonce = secrets.token_hex(8)
     try:
-        client.create_registered_model(marker, description="relctl: breaking a stale lock")
+        client.create_registered_model(marker, tags=_owner_tags(BREAK_KIND, nonce, f"breaking {name}"),
+                                       description="relctl: breaking a stale lock")
     except MlflowException as exc:
-        if _exists_error(exc):
-            time.sleep(0.05)  # someone else is breaking it
-            return
-        raise RegistryError(f"cannot break stale lock '{name}': {exc.message}") from exc
+        if not (_exists_error(exc) or _busy_error(exc)):
+            raise RegistryError(f"cannot break stale lock '{name}': {exc.message}") from exc
+        # Someone is breaking it, or a breaker died and left its marker: a marker of ours that is itself
+        # stale is removed (it only ever guarded a delete that takes milliseconds); anything else waits.
+        left = _holder(client, marker)
+        if left is not None and is_lease(left) and left.get(LEASE_TAG) == BREAK_KIND and _stale(left):
+            again = _holder(client, marker)
+            if again is not None and again.get("nonce") == left.get("nonce"):
+                _delete(client, marker)
+            return ""
+        if left is not None:
+            owner = describe(left) if is_lease(left) else f"not provably relctl's: no {LEASE_TAG} tag"
+            return f"; the stale lease's break marker '{marker}' ({owner}) is in the way: delete it in MLflow"
+        return ""
     try:
         again = _holder(client, name)
-        if again is not None and again.get("nonce") == holder.get("nonce"):
+        if again is not None and again.get("nonce") == holder.get("nonce") and is_lease(again):
             _delete(client, name)
     finally:
         _delete(client, marker)
+    return ""
 
 
 def _delete(client: MlflowClient, name: str) -> None:
     try:
-        client.delete_registered_model(name)
+        retry_busy(lambda: client.delete_registered_model(name))
     except MlflowException as exc:
         if not _missing_error(exc):
             raise RegistryError(f"cannot release lock '{name}': {exc.message}") from exc

@@ -139,6 +139,12 @@ def _owner_alive(tags: dict[str, str]) -> bool | None:
         return False
 
 
+def in_flight(client: MlflowClient, run_id: str) -> bool:
+    """A release run still RUNNING under a relctl process that is alive on this host (elsewhere: unknown, False)."""
+    run = client.get_run(run_id)
+    return run.info.status == "RUNNING" and _owner_alive(run.data.tags) is True
+
+
 def reap_dead_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
     """Mark KILLED every RUNNING release run of `model` whose relctl process is gone; one note per run."""
     runs = client.search_runs([experiment_id], filter_string=f"tags.`{T.MODEL}` = '{model}' and "

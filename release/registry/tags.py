@@ -7,7 +7,7 @@ note there), so the registry UI's versions table stays readable and searches kee
     relctl.release_run_id           the release run: report, package, plots, every number
     lineage.git_commit              the training code's commit
     relctl.precision                fp32 | fp16 | int8 | int4
-    relctl.release_state            registering | released | registered | rejected
+    relctl.release_state            registering | released | registered | rejected | stopped
     relctl.serving_config_hash      identity of the serving configuration (X-Relctl-Serving-Config)
     relctl.package_manifest_sha256  sha256 of relctl-package.json as released: the integrity anchor
     relctl.package_content_sha256   sha256 over every served file's sha256: equal content, equal release

@@ -28,6 +28,7 @@ from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registr
 from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO
 from release.registry.runs import LoggedModelRef, ReleaseRun
+from release.registry.states import REGISTERING, STOPPED
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 CONTENT_TAG = T.CONTENT_SHA256
@@ -90,13 +91,24 @@ def _exporter_tags(exporter: Any) -> dict[str, Any]:
     return {f"{T.EXPORTER_PREFIX}exporter": exporter} if exporter else {}
 
 
-def unfinished_version(registry: Registry, name: str, content: str) -> str | None:
-    """A version of this very package that a crashed release created but never finished."""
+def unfinished_version(registry: Registry, name: str, content: str, release_run: str | None = None) -> str | None:
+    """A version of this very package that a crashed (or interrupted) release created but never finished.
+
+    Never one whose release is still in flight: a release run still RUNNING under a live relctl (another
+    promote of the same run, from another project folder on this machine) keeps its version; this one
+    stops with exit 4 instead of finishing the other's version under it.
+    """
     if not registry.model_exists(name):
         return None
     for mv in registry.find_versions(name, T.CONTENT_SHA256, content):
-        if mv.tags.get(T.RELEASE_STATE) == "registering":
-            return str(mv.version)
+        if mv.tags.get(T.RELEASE_STATE) not in (REGISTERING, STOPPED):
+            continue
+        owner = mv.tags.get(T.RELEASE_RUN)
+        if owner and owner != release_run and registry.release_in_flight(owner):
+            raise RegistryError(f"{name} v{mv.version} is being registered by release run {owner}, still in "
+                                "flight; not finishing it from here",
+                                hint="one release of a run at a time: let that promote finish, then re-run this one")
+        return str(mv.version)
     return None
 
 
@@ -208,7 +220,7 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
                                   "nothing was registered",
                                   hint="production changed under this release (a rollback?); re-run relctl "
                                        "promote to gate the candidate against the new production")
-        version = unfinished_version(registry, i.model, i.content_sha256)
+        version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
             version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
@@ -217,8 +229,9 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         else:
             notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
             # This release's evidence replaces what the crashed one had recorded.
+            # Adopted by this release: registering again (a canary cut short left it `stopped`).
             registry.set_version_tags(i.model, version, version_tags(self.package, i.lineage, {
-                T.RELEASE_RUN: self.release.run_id, **i.extra_tags}))
+                T.RELEASE_RUN: self.release.run_id, T.RELEASE_STATE: REGISTERING, **i.extra_tags}))
             registry.record_numbers(registry.get_version(i.model, version), self.release.run_id, i.numbers,
                                     i.details)
             registry.set_description(i.model, version, i.description)

@@ -103,7 +103,8 @@ def test_failed_canary_rejects_and_a_rollback_during_one_wins(tmp_path: Path, pa
     # v3 under canary; meanwhile an operator moves production: the canary's pass must not override it.
     v3, _ = register(shutil.copytree(packages[1], tmp_path / "p3"), "tiny-llm", project)
     start_canary(registry, "tiny-llm", v3)
-    registry.move_aliases("tiny-llm", {PRODUCTION: v2}, "rollback", "operator", None)
+    # (v2 was rejected: only the explicit override, `rollback --to 2 --allow-unreleased`, may serve it.)
+    registry.locked_move("tiny-llm", lambda _current: {PRODUCTION: v2}, "rollback", "operator", None, override=True)
     finish_canary(registry, "tiny-llm", v3, v1, CanaryResult("pass", "1 steps passed", [], False))
     assert registry.aliases("tiny-llm") == {PRODUCTION: v2}
     assert [m.action for m in history("tiny-llm", project)][-2:] == ["rollback", "canary-stopped"]

@@ -8,7 +8,10 @@ folders travel with it), so the tests run in any order and alone.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +21,13 @@ import pytest
 from release.registry import Registry
 from release.registry import tags as T
 from release.store import resolve_store
-from tests.registry.test_crash_and_race import kill_when_paused, relctl_process
+from tests.registry.test_crash_and_race import RELCTL, kill_when_paused, relctl_process
 from tests.stages.test_promote import MODEL, load_train_module, relctl
 
 pytestmark = pytest.mark.slow
+
+# A canary gate (it is paused or stopped before its servers start in these tests).
+CANARY = "gates:\n  canary:\n    steps: [50]\n    step_requests: 20\n    traffic: {rate: 20, requests: 1}\n"
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +142,79 @@ def test_a_rollback_during_the_gates_wins_and_the_promote_says_why(base: dict[st
     registry = Registry(resolve_store(project))
     assert registry.aliases(MODEL)["production"] == "1"
     assert [m.action for m in registry.history(MODEL)][-1] == "rollback"
+
+
+def test_two_promotes_of_one_run_at_once_keep_one_release_in_flight(base: dict[str, Any], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    project = copy_project(base, tmp_path)
+    marker = tmp_path / "paused"
+    args = ("promote", base["run"], "--precision", "int8", "--json")
+    first = relctl_process(project, *args, pause_at="register:version-created", marker=marker)
+    wait_paused(first, marker)
+    registry = Registry(resolve_store(project))
+    assert versions(project) == ["1", "2", "3"]
+    # A webhook redelivery with a short deadline: it waits, says so, gives up naming the first; touches nothing.
+    monkeypatch.setenv("RELCTL_PROMOTE_WAIT_S", "3")
+    second = relctl_process(project, *args)
+    _out, err = second.communicate(timeout=120)
+    assert second.returncode == 4, err
+    assert "another promote of run" in err and "waiting for it to finish" in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "still in flight" in errors[0] and f"pid {first.pid} " in errors[0], err
+    assert registry.get_version(MODEL, "3").tags[T.RELEASE_STATE] == "registering"
+    assert registry.aliases(MODEL) == {"production": "2", "previous": "1"}
+    # A CI retry that waits: it joins once the first is done, and never finishes the first's version.
+    monkeypatch.delenv("RELCTL_PROMOTE_WAIT_S")
+    log = tmp_path / "retry.err"
+    with log.open("w") as err_file:
+        retry = subprocess.Popen([*RELCTL, "--project-dir", str(project), *args], text=True,
+                                 stdout=subprocess.PIPE, stderr=err_file, env=relctl_env())
+    deadline = time.monotonic() + 120
+    while "waiting for it to finish" not in log.read_text():
+        assert retry.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+    marker.unlink()
+    out1, err1 = first.communicate(timeout=300)
+    assert first.returncode == 0 and json.loads(out1)["version"] == "3", err1
+    out2, _ = retry.communicate(timeout=300)
+    err2 = log.read_text()
+    assert retry.returncode == 0, out2 + err2
+    assert "waiting for it to finish" in err2 and "did not finish; finishing it" not in err2
+    assert json.loads(out2)["outcome"] == "unchanged" and json.loads(out2)["version"] == "3"
+    assert versions(project) == ["1", "2", "3"]
+    assert registry.aliases(MODEL) == {"production": "3", "previous": "2"}
+    assert [m.changes["production"] for m in registry.history(MODEL) if m.action == "promote"][-1] == ["2", "3"]
+    assert len([m for m in registry.history(MODEL) if m.action == "promote"]) == 3
+
+
+def relctl_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+
+
+def wait_paused(proc: subprocess.Popen[str], marker: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+def test_sigterm_during_the_canary_unwinds_the_registered_version(base: dict[str, Any], tmp_path: Path) -> None:
+    project = copy_project(base, tmp_path)
+    (project / "release.yaml").write_text(f"model: {MODEL}\nconvert:\n  precision: int4\n{CANARY}")
+    marker = tmp_path / "paused"
+    proc = relctl_process(project, "promote", base["run"], "--precision", "int8", "--json",
+                          pause_at="canary:running", marker=marker)
+    wait_paused(proc, marker)
+    registry = Registry(resolve_store(project))
+    assert registry.aliases(MODEL)["candidate"] == "3"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out + err
+    assert "nothing was registered" not in err and "v3 was registered" in err, err
+    tags = registry.get_version(MODEL, "3").tags
+    assert tags[T.RELEASE_STATE] == "stopped" and tags["gate.canary.status"] == "stopped"
+    assert registry.aliases(MODEL) == {"production": "2", "previous": "1"}
+    assert registry.history(MODEL)[-1].action == "canary-stopped"
+    # It never passed its canary: production may not point at it without the explicit override.
+    refused = relctl(project, "rollback", MODEL, "--to", "3")
+    assert refused.exit_code == 2 and "it is stopped" in refused.stderr, refused.stderr

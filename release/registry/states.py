@@ -1,0 +1,49 @@
+"""The one rule for which versions an alias may point at, by their `relctl.release_state`.
+
+Every alias move goes through Registry.locked_move, which asks `alias_refusal` under the model's lease
+for each alias it would point somewhere new, so register, promote, the canary's start and finish and
+rollback all obey the same table:
+
+    state          production                         candidate
+    released       yes                                yes
+    registered     yes (registered on purpose, no gate ran)   yes
+    (none)         yes (versions from before the state tag)   yes
+    registering    only by the release run creating it        only by the release run creating it
+    stopped        no: its canary was cut short                yes (a canary may run again)
+    rejected       no: a gate or the canary rejected it        no
+
+`previous` is not checked: it only ever receives what production was. A refused move is bad input
+(exit 2) naming the state; `relctl rollback --allow-unreleased` is the one override, recorded in the
+history entry's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from release.registry import tags as T
+
+REGISTERING, RELEASED, REGISTERED, REJECTED, STOPPED = "registering", "released", "registered", "rejected", "stopped"
+CHECKED_ALIASES = ("production", "candidate")
+OVERRIDE_FLAG = "--allow-unreleased"
+
+_WHY = {
+    REGISTERING: "it is still being registered (its release never finished: gates or canary not passed)",
+    STOPPED: "its canary was cut short before it passed",
+    REJECTED: "a gate or the canary rejected it",
+}
+
+
+def alias_refusal(alias: str, version: str, tags: Mapping[str, str], release_run: str | None) -> str | None:
+    """Why `alias` may not point at `version` (whose tags are `tags`) in a move by `release_run`; None: it may."""
+    if alias not in CHECKED_ALIASES:
+        return None
+    state = tags.get(T.RELEASE_STATE)
+    if state in (None, RELEASED, REGISTERED):
+        return None
+    if state == REGISTERING and release_run is not None and tags.get(T.RELEASE_RUN) == release_run:
+        return None  # the release that created it, finishing it
+    if state == STOPPED and alias == "candidate":
+        return None
+    why = _WHY.get(state or "", "relctl does not know this state")
+    return f"{alias} may not point at v{version}: it is {state} ({why})"
