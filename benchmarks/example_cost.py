@@ -31,7 +31,7 @@ from gates.load import CostConfig, LoadConfig, LoadGate
 from release.gating.contract import GateContext
 from release.serving.loadgen.runner import Traffic
 from release.serving.loadgen.summary import SLOs
-from release.serving.settings import ServerSettings
+from release.core.server_settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-llm"

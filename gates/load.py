@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
+from release.core.server_settings import ServerSettings
 from release.errors import InputError, ReleaseError
 from release.faults import pause_point
 from release.serving.loadgen.bench import run_bench
@@ -27,7 +28,6 @@ from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.runner import Traffic
 from release.serving.loadgen.summary import SLOs
 from release.serving.process import ServerProcess
-from release.serving.settings import ServerSettings
 
 
 class CostConfig(BaseModel):

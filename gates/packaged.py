@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from release.backends import backend_for_folder
+from release.backends import backend_for_folder, backend_of
 from release.backends.base import LoadedModel
 from release.core.package import MANIFEST, read_manifest
 
@@ -15,7 +15,7 @@ def load_package_model(package_dir: Path) -> LoadedModel:
     runner verified the package before any gate ran."""
     if (package_dir / MANIFEST).is_file():
         manifest = read_manifest(package_dir)
-        return manifest.backend.load(manifest.model_dir)
+        return backend_of(manifest).load(manifest.model_dir)
     model_dir = package_dir / "model" if (package_dir / "model").is_dir() else package_dir
     return backend_for_folder(model_dir).load(model_dir)
 

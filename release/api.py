@@ -17,9 +17,9 @@ from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.registry.lock import refuse_reserved_name
+from release.registry.store import connect, resolve_store
 from release.report import ReleaseReport
 from release.stages.register import register_package
-from release.store import connect, resolve_store
 from release.versions import fetch_package
 
 
@@ -136,7 +136,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             raise RegistryError(f"{model}@{alias} points at v{version}, which cannot be read: {exc}") from exc
         tags = dict(mv.tags)
         metrics, _ = registry.recorded_numbers(mv)
-        lineage = {**registry.get_run(tags[T.RELEASE_RUN]).data.tags, **tags} if T.RELEASE_RUN in tags else tags
+        lineage = {**registry.get_run(tags[T.RELEASE_RUN]).tags, **tags} if T.RELEASE_RUN in tags else tags
         out["aliases"][alias] = {
             "version": version,
             "created": mv.creation_timestamp,

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from release.core.server_settings import ServerSettings
 from release.errors import ConfigError
-from release.serving.settings import ServerSettings
 
 CONFIG_FILE = "release.yaml"
 # Keys that were replaced: the message says by what, instead of a did-you-mean guess.
@@ -130,6 +130,13 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         return ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
+
+
+def gate_settings(path: Path, gate_id: str) -> dict[str, Any]:
+    """The `gates.<gate_id>` block of the release.yaml at `path` ({} when the block is absent), read and
+    checked by the same loader as everything else in the file: one parser for release.yaml."""
+    block = load_config(path).gates.get(gate_id)
+    return dict(block or {})
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run
-
 from release.backends import Backend, choose_backend
 from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
@@ -31,13 +29,14 @@ from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.memory.families import check_supported
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.records import RunRecord
 from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
 
 
 @dataclass
 class ContractReport:
     run_id: str
-    run: Run | None = None            # the training run as read for the check (promote goes on with it)
+    run: RunRecord | None = None            # the training run as read for the check (promote goes on with it)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     found: dict[str, bool] = field(default_factory=dict)
@@ -97,7 +96,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(EVAL_ARTIFACT in listed, f"the eval gate needs an eval set: run '{run_id}' has no {EVAL_ARTIFACT}",
              "log data/eval.jsonl with the run or set gates.eval.dataset in release.yaml")
     report.problems += [p for gate in gates for p in preflight(gate, config_dir)]
-    tags = run.data.tags
+    tags = run.tags
     if T.TRAINING_GIT_COMMIT not in tags:
         report.warnings.append(f"run '{run_id}' has no {T.TRAINING_GIT_COMMIT} tag: the release cannot be "
                                "traced to its code (log from a git checkout, or set the tag)")

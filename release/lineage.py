@@ -3,38 +3,32 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import git
 
-if TYPE_CHECKING:  # the type only: lineage reads a run MLflow already returned
-    from mlflow.entities import Run
-
 from release.hashing import sha256_file
 from release.registry import tags as T
+from release.registry.records import RunRecord
 
 GIT_COMMIT_TAG = T.TRAINING_GIT_COMMIT
 
 
-def training_lineage(run: Run) -> dict[str, Any]:
+def training_lineage(run: RunRecord) -> dict[str, Any]:
     """The training run's identity, commit and data digests as MLflow recorded them."""
-    tags = run.data.tags
-    datasets = []
-    for dataset_input in run.inputs.dataset_inputs if run.inputs else []:
-        ds = dataset_input.dataset
-        context = next((t.value for t in dataset_input.tags if t.key == T.DATASET_CONTEXT), None)
-        datasets.append({"name": ds.name, "digest": ds.digest, "context": context})
+    tags = run.tags
+    datasets = [dict(d) for d in run.datasets]
     data_hashes = {k.removeprefix("data.").removesuffix(".sha256"): v for k, v in tags.items()
                    if k.startswith("data.") and k.endswith(".sha256")}
     return {
-        "run_id": run.info.run_id,
-        "experiment_id": run.info.experiment_id,
-        "run_name": run.info.run_name,
+        "run_id": run.run_id,
+        "experiment_id": run.experiment_id,
+        "run_name": run.run_name,
         "git_commit": tags.get(GIT_COMMIT_TAG),
         "git_dirty": tags.get(T.TRAINING_GIT_DIRTY),
         "datasets": datasets,
         "data_sha256": data_hashes,
-        "params": dict(run.data.params),
+        "params": dict(run.params),
     }
 
 

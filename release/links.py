@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from release.store import redact_uri
+from release.registry.store import redact_uri
 
 
 def ui_base(tracking_uri: str) -> str:

@@ -31,8 +31,8 @@ from release.errors import InputError, RegistryError
 from release.faults import pause_point
 from release.hashing import sha256_tree
 from release.progress import Progress
+from release.registry.store import STATE_DIR
 from release.stages.base import Stage, StageResult
-from release.store import STATE_DIR
 
 MANIFEST = "manifest.json"
 DEFAULT_PROMOTE_WAIT_S = 1800.0

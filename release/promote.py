@@ -38,6 +38,7 @@ from release.registry import tags as T
 from release.registry.client import logged_model_id
 from release.registry.lock import refuse_reserved_name
 from release.registry.runs import ReleaseRun
+from release.registry.store import Store
 from release.report import (
     COMPARED,
     METRICS_LINK,
@@ -59,7 +60,6 @@ from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
-from release.store import Store
 
 
 class Promotion:
@@ -101,7 +101,7 @@ class Promotion:
         if backend is None:  # check_run names every problem that leaves it unknown
             raise ReleaseError(f"run '{run_id}': no backend was chosen, yet the run contract found no problem")
         training = contract.run or self.registry.get_run(run_id)
-        name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
+        name = self.cfg.model or self.registry.experiment_name(training.experiment_id)
         refuse_reserved_name(name)
         with promote_lock(f"{self.registry.store.tracking_uri}|{run_id}", f"run {run_id}",
                           work_dir_for(self.project_dir, run_id), self.progress):

@@ -80,16 +80,16 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
     lineage = dict(tags)  # versions registered before schema 3 carry their whole lineage as tags
     if release_run:
         run = registry.get_run(release_run)
-        out["release_run"] = {"id": release_run, "outcome": run.data.tags.get(T.OUTCOME),
-                              "link": links.run_link(uri, run.info.experiment_id, release_run)}
-        lineage = {**run.data.tags, **tags}
+        out["release_run"] = {"id": release_run, "outcome": run.tags.get(T.OUTCOME),
+                              "link": links.run_link(uri, run.experiment_id, release_run)}
+        lineage = {**run.tags, **tags}
     out["gates"] = T.gate_statuses(tags)
     training_id = tags.get(T.TRAINING_RUN)
     training: dict[str, Any] = {"id": training_id}
     if training_id:
         try:
             run = registry.get_run(training_id)
-            training |= {"name": run.info.run_name, "link": links.run_link(uri, run.info.experiment_id, training_id)}
+            training |= {"name": run.run_name, "link": links.run_link(uri, run.experiment_id, training_id)}
         except (InputError, RegistryError) as exc:
             training["error"] = exc.message
     training |= {"git_commit": lineage.get(T.GIT_COMMIT), "git_dirty": lineage.get(T.GIT_DIRTY)}

@@ -85,7 +85,7 @@ def github_trigger(repository: str, token: str, api_url: str, event_type: str) -
 def version_run_lookup(project_dir: Path) -> Callable[[str, str], str | None]:
     """A function (model, version) -> the version's source run id, read from the registry."""
     from release.registry import Registry
-    from release.store import resolve_store
+    from release.registry.store import resolve_store
 
     def lookup(model: str, version: str) -> str | None:
         run_id = Registry(resolve_store(project_dir)).get_version(model, version).run_id

@@ -18,7 +18,7 @@ import pytest
 from mlflow import MlflowClient
 from transformers import AutoConfig, AutoTokenizer
 
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.conftest import load_train_module
 
 TRAIN_PATH = Path(__file__).resolve().parent.parent / "examples" / "tiny-llm" / "train.py"

@@ -24,7 +24,7 @@ if str(HERE) not in sys.path:
 import tinyllm  # noqa: E402 - importable only once its folder is on sys.path
 
 from release.hashing import sha256_file  # noqa: E402
-from release.store import connect, ensure_experiment, resolve_store  # noqa: E402
+from release.registry.store import connect, ensure_experiment, resolve_store  # noqa: E402
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 CHECKPOINT_ARTIFACT = "checkpoint"
@@ -71,7 +71,7 @@ def log_dataset(path: Path, name: str, context: str, artifact_uri: str) -> str:
 
         from mlflow.data.http_dataset_source import HTTPDatasetSource
 
-        from release.store import redact_uri
+        from release.registry.store import redact_uri
 
         where = f"{redact_uri(mlflow.get_tracking_uri())}/api/2.0/mlflow-artifacts/artifacts"
         source = HTTPDatasetSource(f"{where}/{urlsplit(artifact_uri).path.lstrip('/')}")

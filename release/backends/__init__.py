@@ -16,16 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from release.backends.base import Backend, Support, precision_choices
-from release.core.package import MANIFEST, read_manifest
+from release.core.package import MANIFEST, PackageManifest, read_manifest
 from release.errors import ConfigError, InputError
 
 ENTRY_POINT_GROUP = "relctl.backends"
-# Packages built before the manifest named its backend were all onnxruntime-genai packages.
-LEGACY_BACKEND = "onnxruntime-genai"
 AUTO = "auto"
 
-__all__ = ["AUTO", "Backend", "Support", "available_backends", "backend_for_folder", "choose_backend", "get_backend",
-           "installed_precisions"]
+__all__ = ["AUTO", "Backend", "Support", "available_backends", "backend_for_folder", "backend_of", "choose_backend",
+           "get_backend", "installed_precisions"]
 
 
 @functools.cache
@@ -60,13 +58,18 @@ def get_backend(backend_id: str) -> Backend:
     return found[backend_id]
 
 
+def backend_of(package: PackageManifest) -> Backend:
+    """The installed backend that built `package` (InputError naming it when it is not installed here)."""
+    return get_backend(package.backend_id)
+
+
 def backend_for_folder(model_dir: Path, requested: str = AUTO) -> Backend:
     """The backend of an already-built folder: `requested`; the one its package's manifest names when the
     folder is a package's model/; else the first installed backend that recognizes the folder's files."""
     if requested != AUTO:
         return get_backend(requested)
     if (model_dir.parent / MANIFEST).is_file():
-        return read_manifest(model_dir.parent).backend
+        return backend_of(read_manifest(model_dir.parent))
     for backend in available_backends().values():
         if backend.recognizes(model_dir):
             return backend

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 import numpy as np
 
 if TYPE_CHECKING:  # the server's types; a backend module must import without starting anything
+    from release.core.server_settings import ServerSettings
     from release.serving.jobs import Job
     from release.serving.protocol import ModelLimits
-    from release.serving.settings import ServerSettings
 
 
 @dataclass(frozen=True)

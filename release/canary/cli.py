@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from pydantic import ValidationError
 
 from release.canary.runner import CanaryResult, run_canary
 from release.canary.servers import served
 from release.canary.settings import CanaryConfig
 from release.cli_support import Ctx, emit, handled, json_option
+from release.config import gate_settings
 from release.errors import Blocked, ConfigError, InputError
 from release.serving.loadgen.bench import check_url
 
@@ -33,14 +33,9 @@ def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConf
         if path is not None:
             raise InputError(f"{path}: no such file", hint="pass -c path/to/release.yaml, or omit -c for defaults")
         return CanaryConfig(), None
+    block = gate_settings(candidate, "canary")
     try:
-        data = yaml.safe_load(candidate.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{candidate.name}: not valid YAML ({exc.__class__.__name__})",
-                          hint="check the indentation near the reported line") from exc
-    block = (data.get("gates") or {}).get("canary") if isinstance(data, dict) else None
-    try:
-        return CanaryConfig.model_validate(block or {}), candidate.parent
+        return CanaryConfig.model_validate(block), candidate.parent
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -135,7 +130,7 @@ def canary_command(ctx: Ctx, model: str | None, production_url: str | None, cand
 
 def finish_report(result: CanaryResult, work: Path, extra: dict[str, Any]) -> dict[str, Any]:
     """The gate-shaped report (evidence written under `work`) as JSON-ready data."""
-    from gates.canary import gate_result
+    from release.canary.result import gate_result
 
     gate = gate_result("canary", result, work, extra)
     return {"status": gate.status, "reason": gate.reason, "metrics": gate.metrics,

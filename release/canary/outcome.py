@@ -11,8 +11,8 @@ The reason of every outcome is in the alias history entry; the version keeps onl
 
 from __future__ import annotations
 
-from gates.base import GateResult
 from release.canary.runner import CanaryResult
+from release.gating.contract import GateResult
 from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.registry.lock import retry_busy

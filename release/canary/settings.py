@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from release.canary.judge import MetricRule
+from release.core.server_settings import ServerSettings
 from release.serving.loadgen.runner import Traffic
-from release.serving.settings import ServerSettings
 
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "e2el_ms")
 # Latency may grow by 20% of production's median, or 1 ms, whichever is larger: the absolute floor keeps

@@ -6,7 +6,7 @@ Layout of a package folder:
     relctl-package.json  manifest: sha256 of every other file, the backend that built it (id and version),
                          lineage, precision, serving config hash
 Checksums are verified before a package is served or rolled back to (`verify_package`); every other fact
-about the model folder comes from the backend the manifest names (`PackageManifest.backend`).
+about the model folder comes from the backend the manifest names (`release.backends.backend_of`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,25 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from release.errors import InputError
 from release.hashing import sha256_file, sha256_json, sha256_tree
 
-if TYPE_CHECKING:
-    from release.backends.base import Backend
+
+class Backend(Protocol):
+    """What the package format needs of the backend that built a folder (release.backends.base.Backend has
+    it): core stays below the backends, which it never imports."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def runtime_files(self) -> tuple[str, ...]: ...
+
+    def version(self) -> str: ...
+
+    def runtime_config(self, model_dir: Path) -> dict[str, Any]: ...
 
 MANIFEST = "relctl-package.json"
 FORMAT = 2   # 2: the manifest names its backend; format 1 packages were all onnxruntime-genai
@@ -58,12 +70,6 @@ class PackageManifest:
         entry = self.data.get("backend")
         return str(entry["id"]) if isinstance(entry, dict) and entry.get("id") else LEGACY_BACKEND
 
-    @property
-    def backend(self) -> Backend:
-        """The installed backend that built this package (InputError when it is not installed here)."""
-        from release.backends import get_backend  # noqa: PLC0415 - entry points load only when a package is used
-
-        return get_backend(self.backend_id)
 
 
 def backend_entry(backend: Backend) -> dict[str, str]:
@@ -72,17 +78,13 @@ def backend_entry(backend: Backend) -> dict[str, str]:
 
 
 def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict[str, Any],
-                  backend: Backend | None = None) -> PackageManifest:
+                  backend: Backend) -> PackageManifest:
     """Copy the runtime model and source config into `out_dir` and write the manifest last.
 
     `fields` carries model_name, precision, lineage and serving (the serving config); the serving config
     hash covers it together with the backend's own runtime config (genai_config.json for onnxruntime-genai).
-    `backend`: the one that built `model_dir` (None: the installed backend whose runtime files it holds).
+    `backend`: the one that built `model_dir`.
     """
-    if backend is None:
-        from release.backends import backend_for_folder  # noqa: PLC0415 - entry points, only when packaging
-
-        backend = backend_for_folder(model_dir)
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(model_dir, tmp / "model")

@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from release.backends import backend_for_folder
+from release.backends import backend_for_folder, backend_of
 from release.core.package import MANIFEST, read_manifest
 from release.errors import InputError
 from release.memory.shape import Precision, Provider
@@ -46,7 +46,7 @@ def read_package(path: Path) -> PackageFacts:
     declared: str | None = None
     if manifest.is_file():
         package = read_manifest(path)
-        backend, declared = package.backend, package.data.get("precision")
+        backend, declared = backend_of(package), package.data.get("precision")
     else:
         backend = backend_for_folder(model_dir)
     # The backend reads its own files: initializer bytes of an ONNX graph, safetensors sizes, ...

@@ -4,11 +4,10 @@ user's GPU catalogue additions (also read by `relctl plan`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from release.config import gate_settings
 from release.errors import ConfigError
 from release.memory.catalogue import GpuSpec, find_gpu, load_catalogue
 from release.memory.plan import KV_DTYPE_BYTES, Target
@@ -62,11 +61,7 @@ def project_catalogue(config_file: Path) -> dict[str, GpuSpec]:
     """`gates.memory.catalogue` of a release.yaml (empty when the file or the block is absent)."""
     if not config_file.is_file():
         return {}
-    try:
-        data: Any = yaml.safe_load(config_file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{config_file.name}: invalid YAML", hint="fix the YAML syntax") from exc
-    block = ((data.get("gates") or {}).get("memory") or {}).get("catalogue") or {} if isinstance(data, dict) else {}
+    block = gate_settings(config_file, "memory").get("catalogue") or {}
     try:
         return {str(name): GpuSpec.model_validate(spec) for name, spec in block.items()}
     except (ValidationError, AttributeError) as exc:

@@ -14,8 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 
 import mlflow.artifacts
-from mlflow.entities import Metric, Run
-from mlflow.entities.model_registry import ModelVersion
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -25,7 +24,8 @@ from release.registry import lock as lk
 from release.registry import runs, states
 from release.registry import tags as T
 from release.registry.model_page import model_page
-from release.store import Store, ensure_experiment
+from release.registry.records import RunRecord, VersionRecord, run_record, version_record
+from release.registry.store import Store, ensure_experiment
 
 PRODUCTION = "production"
 PREVIOUS = "previous"
@@ -47,7 +47,7 @@ def safe_artifact_path(path: str) -> str:
     return pure.as_posix()
 
 
-def logged_model_id(mv: ModelVersion) -> str | None:
+def logged_model_id(mv: VersionRecord) -> str | None:
     """The LoggedModel behind a version. The SQL registry does not keep `model_id`; the source names it."""
     if getattr(mv, "model_id", None):
         return str(mv.model_id)
@@ -91,9 +91,9 @@ class Registry:
         self.client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
 
     # --- training runs and artifacts -------------------------------------------------------------
-    def get_run(self, run_id: str) -> Run:
+    def get_run(self, run_id: str) -> RunRecord:
         try:
-            return self.client.get_run(run_id)
+            return run_record(self.client.get_run(run_id))
         except MlflowException as exc:
             if _not_found(exc):
                 raise InputError(
@@ -124,7 +124,7 @@ class Registry:
 
     def _refuse_local_symlinks(self, run_id: str, relative: str) -> None:
         """A file-based artifact store can hold links (MLflow then fails to copy them): name the link."""
-        uri = self.get_run(run_id).info.artifact_uri
+        uri = self.get_run(run_id).artifact_uri
         if not uri.startswith("file://"):
             return
         root = Path(uri.removeprefix("file://"))
@@ -200,42 +200,43 @@ class Registry:
     def aliases(self, name: str) -> dict[str, str]:
         return {alias: str(v) for alias, v in self.client.get_registered_model(name).aliases.items()}
 
-    def version_for(self, name: str, alias: str) -> ModelVersion | None:
+    def version_for(self, name: str, alias: str) -> VersionRecord | None:
         try:
-            return self.client.get_model_version_by_alias(name, alias)
+            return version_record(self.client.get_model_version_by_alias(name, alias))
         except MlflowException as exc:
             if _not_found(exc):
                 return None
             raise RegistryError(f"cannot read alias '{alias}' of '{name}': {exc.message}") from exc
 
-    def get_version(self, name: str, version: str) -> ModelVersion:
+    def get_version(self, name: str, version: str) -> VersionRecord:
         # get_model_version carries aliases and tags; search_model_versions does not.
         try:
-            return self.client.get_model_version(name, version)
+            return version_record(self.client.get_model_version(name, version))
         except MlflowException as exc:
             if _not_found(exc):
                 raise InputError(f"{name} v{version} not found",
                                  hint=f"`relctl status {name}` lists its aliases") from exc
             raise RegistryError(f"cannot read {name} v{version}: {exc.message}") from exc
 
-    def find_versions(self, name: str, tag: str, value: str) -> list[ModelVersion]:
+    def find_versions(self, name: str, tag: str, value: str) -> list[VersionRecord]:
         """Versions of `name` whose tag `tag` equals `value`, oldest first (full objects, tags included)."""
         found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
         return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
 
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
-                       model_id: str | None = None) -> ModelVersion:
+                       model_id: str | None = None) -> VersionRecord:
         # source must be the logged model's URI: a runs:/ source makes a version that does not load.
         _check_version_tags(tags)
         try:
             mv = self.client.create_model_version(name, source=model_uri, run_id=run_id, tags=tags,
                                                   description=description, model_id=model_id)
-            self._link_logged_model(mv)
+            record = version_record(mv)
+            self._link_logged_model(record)
         except MlflowException as exc:
             raise RegistryError(f"cannot create a version of '{name}': {exc.message}") from exc
-        return mv
+        return record
 
-    def _link_logged_model(self, mv: ModelVersion) -> None:
+    def _link_logged_model(self, mv: VersionRecord) -> None:
         """Name the version on its LoggedModel, as mlflow.register_model does (the client call does not): the
         LoggedModel's page, which lists the version's metrics, then links back to the version."""
         model_id = logged_model_id(mv)
@@ -254,7 +255,7 @@ class Registry:
             self.client.set_model_version_tag(name, version, key, value[:T.TAG_VALUE_MAX])
 
     # --- a version's numbers: metrics of its LoggedModel ----------------------------------------------
-    def record_numbers(self, mv: ModelVersion, run_id: str, metrics: dict[str, float],
+    def record_numbers(self, mv: VersionRecord, run_id: str, metrics: dict[str, float],
                        details: dict[str, str]) -> None:
         """`metrics` onto the version's LoggedModel (the version page shows them) through release run
         `run_id`; `details` (digests, not numbers) as the LoggedModel's tags. A re-gate logs newer values."""
@@ -270,7 +271,7 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"cannot record the metrics of {mv.name} v{mv.version}: {exc.message}") from exc
 
-    def recorded_numbers(self, mv: ModelVersion) -> tuple[dict[str, float], dict[str, str]]:
+    def recorded_numbers(self, mv: VersionRecord) -> tuple[dict[str, float], dict[str, str]]:
         """The newest value of each metric recorded for the version, and its LoggedModel's tags.
 
         Versions registered before metrics moved off tags carry their numbers as tags: read those too."""
@@ -292,7 +293,7 @@ class Registry:
             details |= {k: v for k, v in (logged.tags or {}).items() if not k.startswith("mlflow.")}
         elif mv.run_id:  # no LoggedModel: record_numbers logged them to the release run
             prefixes = (T.VALIDATION_PREFIX, T.GATE_PREFIX, T.MEMORY_PREFIX)
-            metrics |= {k: float(v) for k, v in self.get_run(mv.run_id).data.metrics.items() if k.startswith(prefixes)}
+            metrics |= {k: float(v) for k, v in self.get_run(mv.run_id).metrics.items() if k.startswith(prefixes)}
         return metrics, details
 
     def set_description(self, name: str, version: str, description: str) -> None:

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from release.config import load_config
+from release.core.server_settings import ServerSettings
 from release.errors import InputError
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions, Endpoint
 from release.serving.loadgen.runner import Traffic
 from release.serving.loadgen.summary import SLOs
 from release.serving.server import load_state, package_settings, run_server
-from release.serving.settings import ServerSettings
 from release.serving.source import resolve_package
 
 

@@ -22,11 +22,12 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from release.backends import backend_of
 from release.backends.base import Backend, Runner
 from release.core.package import PackageManifest
+from release.core.server_settings import ServerSettings
 from release.serving.jobs import Finished, Job, StopMatcher
 from release.serving.protocol import GenerationParams
-from release.serving.settings import ServerSettings
 
 __all__ = ["Engine", "Finished", "StopMatcher", "open_engine"]
 
@@ -35,7 +36,7 @@ log = logging.getLogger("relctl.serve")
 
 def open_engine(package: PackageManifest, settings: ServerSettings) -> Engine:
     """The package's model loaded by its own backend, behind relctl's admission and thread pool."""
-    backend: Backend = package.backend
+    backend: Backend = backend_of(package)
     started = time.perf_counter()
     runner = backend.open_runner(package.model_dir, settings)
     return Engine(runner, settings, time.perf_counter() - started)

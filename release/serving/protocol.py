@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from release.serving.settings import ServerSettings
+from release.core.server_settings import ServerSettings
 
 INT32_MAX = 2**31 - 1
 # Every token is matched against every stop string: their length bounds the work per token.

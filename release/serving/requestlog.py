@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from release.serving.settings import RequestLogPolicy
+from release.core.server_settings import RequestLogPolicy
 
 # Order matters: keys before numbers, so a key's digits are not redacted piecemeal first.
 REDACTIONS: tuple[tuple[re.Pattern[str], str], ...] = (

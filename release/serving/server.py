@@ -14,14 +14,14 @@ from typing import Any
 
 import uvicorn
 
+from release.core.server_settings import ServerSettings
 from release.errors import InputError
+from release.registry.store import STATE_DIR
 from release.serving.app import ServerState, create_app
 from release.serving.engine import open_engine
 from release.serving.metrics import ServerMetrics
 from release.serving.requestlog import RequestLog
-from release.serving.settings import ServerSettings
 from release.serving.source import ServedPackage
-from release.store import STATE_DIR
 
 
 def package_settings(package: ServedPackage) -> ServerSettings:

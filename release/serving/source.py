@@ -16,8 +16,8 @@ from pathlib import Path
 
 from release.core.package import PackageManifest, verify_package
 from release.errors import InputError
+from release.registry.store import STATE_DIR, resolve_store
 from release.serving.metrics import Identity
-from release.store import STATE_DIR, resolve_store
 
 UNREGISTERED = "unregistered"
 SPEC_HELP = "a package folder, MODEL@ALIAS, MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION"

@@ -106,7 +106,7 @@ class IntakeStage(Stage[IntakeInputs, IntakeResult]):
 
     def run(self, out: Path) -> IntakeResult:
         run = self.registry.get_run(self.inputs.run_id)
-        fetched = fetch_artifacts(self.registry, run.info.run_id, self.inputs.artifact_path, out)
+        fetched = fetch_artifacts(self.registry, run.run_id, self.inputs.artifact_path, out)
         folder = out / str(fetched["checkpoint"])
         summary = CheckpointSummary.model_validate(check_checkpoint(folder))
         adapter = [folder / "adapter_model.safetensors"] if summary.adapter else []

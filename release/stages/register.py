@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from release.backends import backend_of
 from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
 from release.errors import RegistryError
 from release.faults import pause_point
@@ -130,7 +131,7 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
 
 def log_model(run: ReleaseRun, package: PackageManifest) -> LoggedModelRef:
     """The version's MLflow model, in the flavour its backend names (release/backends/base.py Flavour)."""
-    backend = package.backend
+    backend = backend_of(package)
     flavour = backend.flavour()
     files = sorted(p for p in package.model_dir.iterdir() if p.is_file())
     if flavour.kind == "onnx":

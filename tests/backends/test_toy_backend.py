@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from release.versions import fetch_package
 from tests.conftest import load_train_module
 
@@ -99,8 +99,10 @@ def test_the_package_names_its_backend_and_holds_no_onnx(released: dict[str, Any
     assert "model/model.safetensors" in manifest["files"]
     assert not any(name.endswith(".onnx") for name in manifest["files"])
     # The registered MLflow model carries the runtime files under a `relctl` flavour naming the backend.
-    mlmodel = yaml.safe_load(Path(registry.download_uri(f"{mv.source}/MLmodel", tmp_path / "m")).read_text())
+    model = registry.download_uri(str(mv.source), tmp_path / "m")
+    mlmodel = yaml.safe_load((model / "MLmodel").read_text())
     assert mlmodel["flavors"]["relctl"]["backend"] == "torch-eager"
+    assert (model / "model.safetensors").stat().st_size == (package.model_dir / "model.safetensors").stat().st_size
 
 
 def test_relctl_serve_starts_the_toy_engine_and_needs_it_installed(released: dict[str, Any],

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.stages.test_promote_errors import log_checkpoint_run
 
 

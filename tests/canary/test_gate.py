@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from gates.base import GateContext, ProductionRef
-from gates.canary import CanaryGate, gate_result
+from gates.canary import CanaryGate
 from release.api import history, open_registry, register
 from release.canary.outcome import REJECTED_TAG, finish_canary, start_canary
+from release.canary.result import gate_result
 from release.canary.runner import CanaryResult
 from release.canary.settings import CanaryConfig
 from release.cli import cli
@@ -26,6 +27,7 @@ QUICK = {"steps": [50], "step_requests": 40, "step_timeout_s": 60,
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two packages of one tiny random Llama that differ only in their serving block (two versions)."""
+    from release.backends import backend_for_folder
     from release.core.package import build_package
     from tests.serving.tinymodel import build_genai, build_hf_model
 
@@ -36,7 +38,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for i, serving in enumerate(({}, {"server": {"workers": 2}})):
         fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"name": "onnxruntime-genai"},
                   "lineage": {"run_id": f"test-{i}"}, "serving": serving}
-        build_package(root / f"package-{i}", genai, hf, fields)
+        build_package(root / f"package-{i}", genai, hf, fields, backend_for_folder(genai))
         out.append(root / f"package-{i}")
     return out[0], out[1]
 

@@ -15,13 +15,14 @@ from release.canary.settings import CanaryConfig
 
 
 def _package(checkpoint: Path, root: Path) -> Path:
+    from release.backends import backend_for_folder
     from release.core.package import build_package
     from release.stages.convert import convert
 
     converted = convert(checkpoint, root / "onnx", "fp32")
     fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"name": converted.backend},
               "lineage": {"checkpoint": str(checkpoint)}, "serving": {}}
-    build_package(root / "package", converted.out_dir, checkpoint, fields)
+    build_package(root / "package", converted.out_dir, checkpoint, fields, backend_for_folder(converted.out_dir))
     return root / "package"
 
 

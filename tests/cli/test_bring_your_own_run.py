@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from release.cli import cli
-from release.store import connect, ensure_experiment, resolve_store
+from release.registry.store import connect, ensure_experiment, resolve_store
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

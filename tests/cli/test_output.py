@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from release.cli import cli, hoist_global_options
 from release.progress import Progress
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry.test_aliases import MODEL, _register
 
 

@@ -147,6 +147,7 @@ def test_cuda_image_runs_the_same_entrypoint() -> None:
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The serving tests' tiny random Llama, packaged with the manifest fields promote writes (so that
     `relctl register` takes it)."""
+    from release.backends import backend_for_folder
     from release.core.package import build_package
     from tests.serving.tinymodel import build_genai, build_hf_model
 
@@ -155,7 +156,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     genai = build_genai(hf, root / "genai")
     fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": {"exporter": "genai", "versions": {}},
               "lineage": {"run_id": "test"}, "serving": {}}
-    build_package(root / "package", genai, hf, fields)
+    build_package(root / "package", genai, hf, fields, backend_for_folder(genai))
     return root / "package"
 
 

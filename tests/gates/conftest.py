@@ -14,6 +14,7 @@ from types import ModuleType
 
 import pytest
 
+from release.backends import backend_for_folder
 from release.core.package import build_package
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
@@ -27,7 +28,8 @@ def package_checkpoint(checkpoint: Path, out: Path, precision: str = "fp32") -> 
     merged = out / "merged"
     merge_checkpoint(checkpoint, checkpoint, merged)
     convert(merged, out / "onnx", precision)  # type: ignore[arg-type]
-    build_package(out / "package", out / "onnx", merged, {"model_name": "tiny-llm", "precision": precision})
+    build_package(out / "package", out / "onnx", merged, {"model_name": "tiny-llm", "precision": precision},
+                  backend_for_folder(out / "onnx"))
     return out / "package"
 
 

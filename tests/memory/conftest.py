@@ -14,6 +14,7 @@ from tests.serving.tinymodel import build_hf_model
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from release.backends import backend_for_folder
     from release.core.package import build_package
 
     root = tmp_path_factory.mktemp("memory-models")
@@ -25,5 +26,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                "-p", precision, "-e", "cpu", "-c", str(root / "cache")]
         subprocess.run(cmd, capture_output=True, check=True)
         fields = {"model_name": "mem", "precision": precision, "exporter": "genai", "lineage": {}, "serving": {}}
-        out[precision] = build_package(root / f"pkg-{precision}", genai, hf, fields).root
+        package = build_package(root / f"pkg-{precision}", genai, hf, fields, backend_for_folder(genai))
+        out[precision] = package.root
     return out

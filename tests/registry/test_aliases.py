@@ -12,14 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from release import api, links
+from release.backends import backend_for_folder
 from release.cli import cli
 from release.core.package import MANIFEST, build_package
 from release.errors import InputError
 from release.hashing import sha256_file
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.store import connect, ensure_experiment, resolve_store
 from release.stages.register import promote_version
-from release.store import connect, ensure_experiment, resolve_store
 
 MODEL = "demo-model"
 
@@ -32,7 +33,8 @@ def _register(project_dir: Path, tmp: Path, n: int) -> str:
     (runtime / "genai_config.json").write_text(json.dumps({"model": {"type": "llama", "n": n}}))
     (runtime / "model.onnx").write_bytes(bytes([n]) * 128)
     (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    package = build_package(tmp / f"pkg{n}", runtime, source, {"model_name": MODEL, "precision": "fp32"})
+    package = build_package(tmp / f"pkg{n}", runtime, source, {"model_name": MODEL, "precision": "fp32"},
+                            backend_for_folder(runtime))
     store = resolve_store(project_dir)
     connect(store)
     registry = Registry(store)

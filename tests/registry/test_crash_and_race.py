@@ -21,7 +21,7 @@ from release.cli import cli
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.aliases import read_history
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry.test_aliases import MODEL, _register
 
 RELCTL = [sys.executable, "-c", "from release.cli import main; main()"]

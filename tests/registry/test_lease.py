@@ -16,11 +16,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from release.backends import backend_for_folder
 from release.cli import cli
+from release.core.package import build_package
 from release.registry import Registry
 from release.registry.lock import LEASE_TAG
-from release.stages.package import build_package
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry.test_aliases import MODEL
 from tests.registry.test_crash_and_race import two_versions
 
@@ -53,7 +54,8 @@ def test_a_model_named_like_a_lease_is_refused_by_register_and_promote(project_d
     (tmp_path / "rt" / "genai_config.json").write_text('{"model": {"type": "llama"}}')
     (tmp_path / "rt" / "model.onnx").write_bytes(b"\0" * 64)
     (tmp_path / "src" / "config.json").write_text('{"model_type": "llama"}')
-    package = build_package(tmp_path / "pkg", tmp_path / "rt", tmp_path / "src", {"precision": "fp32"})
+    package = build_package(tmp_path / "pkg", tmp_path / "rt", tmp_path / "src", {"precision": "fp32"},
+                            backend_for_folder(tmp_path / "rt"))
     for args in (["register", str(package.root), "--model", LEASE, "--production"],
                  ["promote", "0123456789abcdef", "--model", "RELCTL.LOCK.other"]):
         result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), *args])

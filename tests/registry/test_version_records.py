@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.client import logged_model_id
-from release.store import connect, ensure_experiment, resolve_store
+from release.registry.store import connect, ensure_experiment, resolve_store
 
 MODEL = "records"
 

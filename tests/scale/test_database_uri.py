@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from release.cli import cli
 from release.errors import RegistryError
-from release.store import connect, ensure_experiment, redact_uri, resolve_store
+from release.registry.store import connect, ensure_experiment, redact_uri, resolve_store
 from tests.registry import test_aliases as embedded
 from tests.scale.conftest import ScaleRegistry
 

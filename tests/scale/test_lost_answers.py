@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from release.registry import Registry
-from release.store import connect, resolve_store
+from release.registry.store import connect, resolve_store
 from tests.scale.conftest import ScaleRegistry
 
 Drop = Callable[[str, str, bytes], bool]

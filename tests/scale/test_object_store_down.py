@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry import test_aliases as embedded
 from tests.scale.conftest import PG_DATABASE, ScaleRegistry, _stop, _wait, free_port
 

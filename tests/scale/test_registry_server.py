@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry import test_aliases as embedded
 from tests.registry import test_crash_and_race as crash
 from tests.scale.conftest import BUCKET, ScaleRegistry

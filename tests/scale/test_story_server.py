@@ -29,7 +29,7 @@ from safetensors.numpy import save_file
 from release import api
 from release.registry import Registry
 from release.registry.aliases import AliasMove
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.scale.conftest import ScaleRegistry
 from tests.stages.test_promote import load_train_module
 
@@ -199,7 +199,7 @@ MOVER = """
 import sys, time
 from pathlib import Path
 from release.registry import Registry
-from release.store import connect, resolve_store
+from release.registry.store import connect, resolve_store
 model, procs, n, me = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 store = resolve_store(Path("."))
 connect(store)

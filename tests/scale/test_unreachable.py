@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.errors import ConfigError, RegistryError
-from release.store import resolve_store
+from release.registry.store import resolve_store
 
 TIMEOUT_S = 2
 PASSWORD = "hunter2-never-printed"
@@ -110,7 +110,7 @@ def test_timeout_and_retries_are_read_and_checked(project_dir: Path) -> None:
 
 def test_connect_sets_mlflow_http_settings_explicitly(monkeypatch: pytest.MonkeyPatch, silent_port: int,
                                                       project_dir: Path) -> None:
-    from release.store import connect
+    from release.registry.store import connect
 
     for key in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"):
         monkeypatch.delenv(key, raising=False)

@@ -60,6 +60,7 @@ def delay_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def trained_package(tmp_path_factory: pytest.TempPathFactory, tiny_base_only: Path) -> Path:
     """The shared trained tiny Llama, converted by release.stages.convert (fp32) and packaged."""
+    from release.backends import backend_for_folder
     from release.core.package import build_package
     from release.stages.convert import convert
 
@@ -67,5 +68,6 @@ def trained_package(tmp_path_factory: pytest.TempPathFactory, tiny_base_only: Pa
     converted = convert(tiny_base_only, root / "onnx", "fp32")
     fields = {"model_name": "tiny-llm", "precision": "fp32", "exporter": converted.backend,
               "lineage": {"checkpoint": str(tiny_base_only)}, "serving": {}}
-    build_package(root / "package", converted.out_dir, tiny_base_only, fields)
+    build_package(root / "package", converted.out_dir, tiny_base_only, fields,
+                  backend_for_folder(converted.out_dir))
     return root / "package"

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from release.core.package import read_manifest
+from release.core.server_settings import ServerSettings
 from release.serving.engine import Engine, Finished, open_engine
 from release.serving.process import ServerProcess
 from release.serving.protocol import GenerationParams
-from release.serving.settings import ServerSettings
 from tests.serving.conftest import write_server_config
 
 PROMPTS = ["the quick brown fox", "alpha beta gamma", "one two three and", "a tiny model serves"]

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from release.core.server_settings import RequestLogPolicy
 from release.errors import InputError
 from release.hashing import sha256_file
 from release.registry import tags as T
 from release.serving.process import ServerProcess
 from release.serving.requestlog import RequestLog, redact
-from release.serving.settings import RequestLogPolicy
 from release.serving.source import parse_spec, resolve_package
 from tests.serving.conftest import write_server_config
 from tests.serving.tinymodel import build_tiny_package
@@ -119,7 +119,7 @@ def test_serves_a_version_by_alias_and_refuses_a_tampered_package(tiny_package: 
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from release.store import connect, ensure_experiment, resolve_store
+    from release.registry.store import connect, ensure_experiment, resolve_store
 
     project = tmp_path / "project"
     store = resolve_store(project, environ={})

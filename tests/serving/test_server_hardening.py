@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from release.core.package import verify_package
+from release.core.server_settings import ServerSettings
 from release.serving.app import create_app
 from release.serving.metrics import Identity
 from release.serving.process import ServerProcess
 from release.serving.protocol import ModelLimits
 from release.serving.server import load_state
-from release.serving.settings import ServerSettings
 from release.serving.source import ServedPackage
 
 PROMPT = {"prompt": "the quick brown", "max_tokens": 4}

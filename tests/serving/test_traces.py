@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from release.core.server_settings import RequestLogPolicy
 from release.errors import InputError
 from release.serving.loadgen.cli import bench_command
 from release.serving.loadgen.client import Record
 from release.serving.loadgen.runner import Traffic, plan_traffic
 from release.serving.loadgen.traces import load_trace
 from release.serving.requestlog import RequestLog
-from release.serving.settings import RequestLogPolicy
 
 
 def lengths(path: Path, max_model_len: int | None = None) -> tuple[list[float], list[tuple[int | None, int]]]:

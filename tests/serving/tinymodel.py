@@ -49,11 +49,12 @@ def build_genai(hf_dir: Path, out: Path) -> Path:
 
 def build_tiny_package(root: Path, name: str = "tiny-llm", serving: dict[str, Any] | None = None,
                        **model: int) -> Path:
+    from release.backends import backend_for_folder
     from release.core.package import build_package
 
     hf = build_hf_model(root / "hf", **model)
     genai = build_genai(hf, root / "genai")
     fields = {"model_name": name, "precision": "fp32", "exporter": "genai", "lineage": {"run_id": "test"},
               "serving": serving or {}}
-    build_package(root / "package", genai, hf, fields)
+    build_package(root / "package", genai, hf, fields, backend_for_folder(genai))
     return root / "package"

@@ -17,7 +17,7 @@ import pytest
 
 from release.registry import Registry
 from release.registry import tags as T
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.stages.test_promote import MODEL, load_train_module, relctl
 from tests.stages.test_release_defects import copy_project
 

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from release.cli import cli
 from release.registry import Registry
 from release.registry import tags as T
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry.test_crash_and_race import relctl_process
 from tests.stages.test_promote import EXAMPLE, MODEL, load_train_module
 

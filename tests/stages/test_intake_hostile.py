@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from release.errors import InputError
 from release.numerics import FP16_MAX, fp16_overflows, tensor_max_abs
 from release.registry import Registry
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.stages.test_promote_errors import log_checkpoint_run, promote
 
 

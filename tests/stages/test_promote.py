@@ -28,7 +28,7 @@ from click.testing import CliRunner, Result
 from release.cli import cli
 from release.registry import Registry
 from release.registry.client import logged_model_id
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.conftest import load_train_module
 
 MODEL = "tiny-llm"
@@ -89,7 +89,7 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert documented_version_tags() >= {k for k in mv.tags if not k.endswith(".status")}
     assert mv.tags["relctl.training_run_id"] == story["runs"][0] and mv.tags["relctl.precision"] == "int4"
     assert mv.tags["relctl.release_run_id"] == report["release_run"] == mv.run_id
-    release_run = registry.get_run(report["release_run"]).data.tags
+    release_run = registry.get_run(report["release_run"]).tags
     assert len(release_run["lineage.config_sha256"]) == 64 and len(release_run["lineage.data.eval.sha256"]) == 64
     assert release_run["lineage.weights.model.safetensors.sha256"] == report["lineage"]["checkpoint"][
         "weights_sha256"]["model.safetensors"]
@@ -342,7 +342,7 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
     card = mv.description
     links = dict(re.findall(r"\[([^\]]+)\]\((#/[^)\s]+)\)", card))
     release_run, training_run = mv.tags["relctl.release_run_id"], mv.tags["relctl.training_run_id"]
-    experiment = registry.get_run(release_run).info.experiment_id
+    experiment = registry.get_run(release_run).experiment_id
     # The card links the release run, the training run, the version it replaced and each plot (relative
     # links: the embedded store has no server URL of its own).
     assert links[f"`{release_run}`"] == f"#/experiments/{experiment}/runs/{release_run}"
@@ -428,7 +428,7 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
     assert result.exit_code == 0, result.output + result.stderr
     chain = json.loads(result.stdout)
     tags = registry.get_version(MODEL, production).tags
-    lineage = registry.get_run(tags["relctl.release_run_id"]).data.tags  # the whole lineage is on the release run
+    lineage = registry.get_run(tags["relctl.release_run_id"]).tags  # the whole lineage is on the release run
     assert (chain["model"], chain["version"]) == (MODEL, production)
     assert chain["training_run"]["id"] == story["runs"][int(production) - 1]
     assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit") == lineage.get("lineage.git_commit")

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 from release.cli import cli
 from release.registry import Registry
-from release.store import connect, ensure_experiment, resolve_store
+from release.registry.store import connect, ensure_experiment, resolve_store
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ import pytest
 
 from release.registry import Registry
 from release.registry import tags as T
-from release.store import resolve_store
+from release.registry.store import resolve_store
 from tests.registry.test_crash_and_race import RELCTL, kill_when_paused, relctl_process
 from tests.stages.test_promote import MODEL, load_train_module, relctl
 

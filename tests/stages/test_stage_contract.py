@@ -18,6 +18,7 @@ from release.pipeline import Pipeline
 from release.progress import Progress
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.store import connect, resolve_store
 from release.stages.package import PackageInputs, PackageStage
 from release.stages.register import (
     NOT_CHECKED,
@@ -26,7 +27,6 @@ from release.stages.register import (
     RegisterStage,
     content_sha256,
 )
-from release.store import connect, resolve_store
 
 
 def runtime_folder(tmp: Path, n: int) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ from release.backends.base import Backend, Deploy, ExportResult, Flavour, Loaded
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
-    from release.serving.settings import ServerSettings
+    from release.core.server_settings import ServerSettings
 
 GENAI_CONFIG = "genai_config.json"
 MODEL_FILE = "model.onnx"

@@ -12,10 +12,10 @@ from typing import Any
 
 from release.backends.onnxruntime_genai.batching import BatchEngine
 from release.backends.onnxruntime_genai.model import open_tokenizer, read_genai_config
+from release.core.server_settings import ServerSettings
 from release.errors import InputError
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import ModelLimits
-from release.serving.settings import ServerSettings
 
 log = logging.getLogger("relctl.serve")
 

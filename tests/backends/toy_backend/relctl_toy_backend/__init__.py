@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from release.backends.base import Backend, Deploy, ExportResult, Generation, MemoryFacts, Support
+from release.core.server_settings import ServerSettings
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import ModelLimits
-from release.serving.settings import ServerSettings
 
 FAMILIES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -1,0 +1,101 @@
+"""The layering the README's Architecture section states, checked on the source (every import statement,
+at module level, inside functions and under TYPE_CHECKING alike), not by review."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def imported(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, dotted module) of every import in `path`, relative imports resolved."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            yield node.lineno, module
+            for alias in node.names:  # `from release import api` imports release.api
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def offenders(files: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in files:
+        for line, module in imported(path):
+            if any(module == f or module.startswith(f + ".") for f in forbidden):
+                found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    return sorted(set(found))
+
+
+def under(folder: str, *, but: tuple[str, ...] = ()) -> list[Path]:
+    return [p for p in modules(folder) if not any(p.relative_to(ROOT).as_posix().startswith(b) for b in but)]
+
+
+def test_release_never_imports_the_gate_plugins() -> None:
+    # Gates are found through entry points, built-ins too; release/ holds the contract they implement.
+    assert offenders(modules("release"), ("gates",)) == []
+
+
+def test_only_the_registry_package_imports_mlflow() -> None:
+    assert offenders(under("release", but=("release/registry/",)), ("mlflow",)) == []
+    assert offenders(modules("gates"), ("mlflow",)) == []
+
+
+def test_only_a_backend_opens_an_engines_model_folder() -> None:
+    # The model folder is loaded in one place: the backend that built it.
+    engines = ("onnxruntime_genai",)
+    allowed = ("release/backends/onnxruntime_genai/",
+               # GPU memory measurement of a built genai folder (issue: move behind the backend's memory facts)
+               "release/memory/worker.py", "release/memory/compat.py")
+    assert offenders(under("release", but=allowed), engines) == []
+    assert offenders(modules("gates"), engines) == []
+
+
+def test_the_configuration_schema_points_down_only() -> None:
+    config = [ROOT / "release" / "config.py"]
+    assert offenders(config, ("release.serving", "release.pipeline", "release.promote", "release.stages",
+                              "release.registry", "release.gating", "release.api")) == []
+
+
+def test_register_stands_apart_from_the_runner_and_the_version_fetcher() -> None:
+    assert offenders([ROOT / "release" / "stages" / "register.py"], ("release.pipeline", "release.versions")) == []
+
+
+def test_core_is_the_bottom_layer() -> None:
+    lower = ("release.core", "release.errors", "release.hashing", "release.jsonfile")
+    for path in modules("release/core"):
+        for line, module in imported(path):
+            if module.startswith("release.") and not any(module == m or module.startswith(m + ".") for m in lower):
+                pytest.fail(f"{path.relative_to(ROOT)}:{line} imports {module}, above release/core")
+
+
+def test_backends_reach_no_pipeline_or_command() -> None:
+    # A backend is a leaf that the pipeline, the server and the registry call; it never calls them back.
+    above = ("release.promote", "release.pipeline", "release.api", "release.cli", "release.stages",
+             "release.gating", "release.registry", "release.canary")
+    assert offenders(modules("release/backends"), above) == []
+
+
+@pytest.mark.parametrize("rule", ["gates", "mlflow"])
+def test_the_checker_finds_a_planted_import(tmp_path: Path, rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rules above can fail: a module that breaks one is named with its line."""
+    planted = ROOT / "release" / f"_planted_{rule}.py"
+    planted.write_text(f"def f() -> None:\n    from {rule} import base  # noqa\n")
+    try:
+        assert offenders([planted], (rule,)) == [f"release/_planted_{rule}.py:2 imports {rule}",
+                                                 f"release/_planted_{rule}.py:2 imports {rule}.base"]
+    finally:
+        planted.unlink()
