@@ -11,6 +11,7 @@ from release.config import CONFIG_FILE, load_config
 from release.contract import check_run
 from release.errors import InputError, RegistryError
 from release.gating.plugins import load_gates
+from release.model_name import check_model_name
 from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
@@ -105,6 +106,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
+    check_model_name(model, "--model")
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 

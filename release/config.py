@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from release.errors import ConfigError
+from release.model_name import bad_model_name
 from release.serving.settings import ServerSettings
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
@@ -61,7 +62,8 @@ class ServingConfig(Strict):
 
 
 class ReleaseConfig(Strict):
-    model: str | None = Field(None, description="registered model name; default: the run's experiment name")
+    model: str | None = Field(None, description="registered model name (letters, digits, '.', '_', '-'); "
+                                                "default: the run's experiment name")
     source: SourceConfig = SourceConfig()
     merge: MergeConfig = MergeConfig()
     convert: ConvertConfig = ConvertConfig()
@@ -74,6 +76,14 @@ class ReleaseConfig(Strict):
     # release.yaml writes it as the commented-out tail of the file.
     gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        why = None if value is None else bad_model_name(value)
+        if why is not None:
+            raise ValueError(why)
+        return value
+
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
     """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`."""
@@ -83,7 +93,12 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:  # a binary file or another encoding: bad input, not a bug
+            raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})",
+                              hint="save release.yaml as UTF-8") from exc
+        except OSError as exc:
+            raise ConfigError(f"{label}: cannot be read: {exc.strerror}", hint="check the file's permissions") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""

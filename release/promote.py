@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mlflow.exceptions import MlflowException
 
 from release import links
 from release.config import ReleaseConfig
 from release.contract import check_run
-from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
+from release.errors import Blocked, InputError, InputProblems, RegistryError, ReleaseError
 from release.failure import classify
 from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
@@ -82,17 +85,13 @@ class Promotion:
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        missing = [g for g in self.cfg.require if g not in self.cfg.gates]
-        if missing:
-            raise ConfigError(f"release.yaml: require lists {', '.join(missing)}, which gates: does not configure",
-                              hint=f"add a gates.{missing[0]} block, or remove it from require")
+        # The same checks as `relctl check` (release.contract), so check never passes what promote refuses.
         contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
-        if contract.problems:  # all of them at once, in seconds, before any slow stage
+        if contract.problems or contract.model is None:  # all at once, in seconds, before any slow stage
             raise InputProblems([(p.message, p.hint) for p in contract.problems])
         for warning in contract.warnings:
             self.progress.note(warning)
-        training = contract.run or self.registry.get_run(run_id)
-        name = self.cfg.model or self.registry.experiment_name(training.info.experiment_id)
+        name = contract.model
         for note in [*self.registry.reap_dead_runs(name), *self.registry.repair(name)]:
             self.progress.note(note)
         report = ReleaseReport(model=name, training_run=run_id, release_run=None,
@@ -111,14 +110,36 @@ class Promotion:
                     failure = classify(exc)
                     report.outcome, report.exit_code = "error", failure.exit_code
                     report.failures.append(failure.message)
+                self._finish(run, report, summary_path, failing=exc)
                 raise
-            finally:
-                self._add_links(report)
-                self._log_report(run, report)
-                if summary_path is not None:
-                    with summary_path.open("a") as fh:
-                        fh.write(summary_markdown(report, self.gates_markdown))
+            self._finish(run, report, summary_path, failing=None)
         return report
+
+    def _finish(self, run: ReleaseRun, report: ReleaseReport, summary_path: Path | None,
+                failing: BaseException | None) -> None:
+        """Record the report (links, release-run artifacts, the CI summary) whatever the outcome.
+
+        When an error is already on its way out, a failure here (often the same dead tracking server) is
+        a note, never raised: raised from a `finally`, an MlflowException replaced a RegistryError (exit 4)
+        and the promote exited 3, as a bug. Once one registry write failed, the others are not tried."""
+        steps: list[Callable[[], None]] = [lambda: self._add_links(report), lambda: self._log_report(run, report)]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                if failing is None:
+                    self._write_summary(report, summary_path)
+                    if isinstance(exc, MlflowException):
+                        raise RegistryError(f"cannot record the release report: {exc.message}") from exc
+                    raise
+                self.progress.note(f"the release report could not be recorded: {classify(exc).message}")
+                break
+        self._write_summary(report, summary_path)
+
+    def _write_summary(self, report: ReleaseReport, summary_path: Path | None) -> None:
+        if summary_path is not None:
+            with summary_path.open("a") as fh:
+                fh.write(summary_markdown(report, self.gates_markdown))
 
     # ------------------------------------------------------------------------------------------
     def _phases(self, run: ReleaseRun, run_id: str, name: str, report: ReleaseReport, gates: list[Gate],

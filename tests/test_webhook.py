@@ -233,7 +233,8 @@ def test_default_command_is_relctl_promote_and_replays_are_refused_after_a_resta
     proc, rec = start_receiver(tmp_path / "r", tracking_uri, "--max-age", "300")
     try:
         accepted = post(rec, body, headers)
-        assert accepted.status_code == 202 and f"promote {run_id} --model restart --json" in accepted.json()["started"]
+        assert accepted.status_code == 202
+        assert f"promote --model restart --json -- {run_id}" in accepted.json()["started"]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "error: " not in "".join(p.read_text() for p in logs.glob("*.log")):
             time.sleep(0.3)

@@ -20,7 +20,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from release.errors import InputError, RegistryError
+from release.model_name import check_model_name
 from release.registry import aliases as al
+from release.registry import filters as fl
 from release.registry import lock as lk
 from release.registry import runs
 from release.registry import tags as T
@@ -168,6 +170,7 @@ class Registry:
             raise RegistryError(f"cannot read registered model '{name}': {exc.message}") from exc
 
     def require_model(self, name: str) -> None:
+        check_model_name(name, "model", hint="`relctl status` lists the registered models")
         if not self.model_exists(name):
             raise InputError(
                 f"registered model '{name}' not found in {self.store.display_uri}",
@@ -209,7 +212,11 @@ class Registry:
 
     def find_versions(self, name: str, tag: str, value: str) -> list[ModelVersion]:
         """Versions of `name` whose tag `tag` equals `value`, oldest first (full objects, tags included)."""
-        found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
+        query = f"name = {fl.literal(name)} and tags.{fl.identifier(tag)} = {fl.literal(value)}"
+        try:
+            found = self.client.search_model_versions(query)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
 
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
