@@ -67,6 +67,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
     once cannot both act on the same state: the second sees the first's result.
     """
+    check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     registry = open_registry(project_dir)
     registry.require_model(model)
     for note in registry.reap_dead_runs(model):
@@ -112,6 +113,7 @@ def register(package_dir: Path, model: str, project_dir: Path, production: bool 
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:
+    check_model_name(model, "model")
     registry = open_registry(project_dir)
     registry.require_model(model)
     registry.repair(model)
@@ -120,6 +122,8 @@ def history(model: str, project_dir: Path) -> list[AliasMove]:
 
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; with no model, the registered models."""
+    if model is not None:
+        check_model_name(model, "model")
     registry = open_registry(project_dir)
     if model is None:
         return {"models": registry.list_models()}
