@@ -149,7 +149,11 @@ class Registry:
 
     # --- release runs --------------------------------------------------------------------------------
     def releases_experiment(self) -> str:
-        return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
+        try:
+            return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot read experiment '{runs.RELEASE_EXPERIMENT}': {exc.message}",
+                                hint="check that the tracking server is up, then run the command again") from exc
 
     def release_run(self, model: str, run_name: str, tags: dict[str, str]) -> AbstractContextManager[runs.ReleaseRun]:
         experiment_id = self.releases_experiment()
