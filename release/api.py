@@ -12,11 +12,11 @@ from release.contract import check_run
 from release.core.package import verify_package
 from release.errors import InputError, RegistryError
 from release.gating.plugins import load_gates
+from release.model_name import check_model_name
 from release.progress import Progress
 from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
-from release.registry.lock import refuse_reserved_name
 from release.registry.store import connect, resolve_store
 from release.report import ReleaseReport
 from release.stages.register import register_package
@@ -68,6 +68,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     once cannot both act on the same state: the second sees the first's result. A target whose state
     the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
+    check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     registry = open_registry(project_dir)
     registry.require_model(model)
     for note in registry.reap_dead_runs(model):
@@ -108,12 +109,13 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
-    refuse_reserved_name(model)
+    check_model_name(model, "--model")
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:
+    check_model_name(model, "model")
     registry = open_registry(project_dir)
     registry.require_model(model)
     registry.repair(model)
@@ -122,6 +124,8 @@ def history(model: str, project_dir: Path) -> list[AliasMove]:
 
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; with no model, the registered models."""
+    if model is not None:
+        check_model_name(model, "model")
     registry = open_registry(project_dir)
     if model is None:
         return {"models": registry.list_models()}

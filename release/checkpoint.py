@@ -65,11 +65,28 @@ def read_header(path: Path) -> SafetensorsHeader:
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _bad(path, "__metadata__ is not a mapping of strings")
     data_start = 8 + header_len
     tensors: dict[str, TensorInfo] = {}
     for name, spec in header.items():
         tensors[name] = _tensor_info(path, name, spec, data_start, size)
+    _check_layout(path, tensors, data_start, size)
     return SafetensorsHeader(path=path, tensors=tensors, metadata=dict(metadata))
+
+
+def _check_layout(path: Path, tensors: dict[str, TensorInfo], data_start: int, size: int) -> None:
+    """The tensors tile the data section exactly, in offset order, as safetensors itself requires to load:
+    no overlap (two tensors sharing bytes would both change when one is merged), no gap, nothing after."""
+    position = data_start
+    for info in sorted(tensors.values(), key=lambda i: (i.start, i.end)):
+        if info.start != position:
+            what = "overlaps the tensor before it" if info.start < position else "leaves a gap before it"
+            raise _bad(path, f"tensor '{info.name}' starts at data byte {info.start - data_start}, which {what} "
+                             f"(expected {position - data_start})")
+        position = info.end
+    if position != size:
+        raise _bad(path, f"the tensors end at byte {position} but the file has {size} bytes")
 
 
 def _tensor_info(path: Path, name: str, spec: object, data_start: int, size: int) -> TensorInfo:
@@ -78,8 +95,14 @@ def _tensor_info(path: Path, name: str, spec: object, data_start: int, size: int
     dtype = spec["dtype"]
     if dtype not in DTYPE_SIZES:
         raise _bad(path, f"tensor '{name}' has unknown dtype {dtype!r}")
-    shape = tuple(int(d) for d in spec["shape"])
-    begin, end = (int(x) for x in spec["data_offsets"])
+    shape_spec, offsets = spec["shape"], spec["data_offsets"]
+    if not isinstance(shape_spec, list) or not all(_is_count(d) for d in shape_spec):
+        raise _bad(path, f"tensor '{name}' has shape {shape_spec!r}, not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(x) for x in offsets) \
+            or offsets[0] > offsets[1]:
+        raise _bad(path, f"tensor '{name}' has data_offsets {offsets!r}, not [begin, end] with 0 <= begin <= end")
+    shape = tuple(shape_spec)
+    begin, end = offsets
     expected = prod(shape) * DTYPE_SIZES[dtype]
     if end - begin != expected:
         raise _bad(path, f"tensor '{name}' spans {end - begin} bytes, its {dtype}{list(shape)} needs {expected}")
@@ -89,6 +112,14 @@ def _tensor_info(path: Path, name: str, spec: object, data_start: int, size: int
             f"tensor '{name}' ends at byte {data_start + end} but the file has {size} bytes (truncated?)",
         )
     return TensorInfo(name=name, dtype=dtype, shape=shape, start=data_start + begin, end=data_start + end)
+
+
+def _is_positive(value: object) -> bool:
+    return _is_count(value) and value != 0
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _bad(path: Path, why: str) -> InputError:
@@ -120,6 +151,71 @@ def read_config(folder: Path) -> dict[str, object]:
     if not isinstance(data, dict) or "model_type" not in data:
         raise InputError(f"{path.name}: no model_type", hint="save the config with transformers' save_pretrained")
     return data
+
+
+# Optional config.json fields the exporters read, by the JSON type they must have when present. A wrong
+# type here fails deep inside the model builder (exit 4, after seconds of work) instead of at intake.
+_CONFIG_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "model_type": ("a string", (str,)),
+    "hidden_act": ("a string", (str,)),
+    "torch_dtype": ("a string", (str,)),
+    "rms_norm_eps": ("a positive number", (int, float)),
+    "layer_norm_eps": ("a positive number", (int, float)),
+    "layer_norm_epsilon": ("a positive number", (int, float)),
+    "rope_theta": ("a positive number", (int, float)),
+    "tie_word_embeddings": ("true or false", (bool,)),
+    "attention_bias": ("true or false", (bool,)),
+    "mlp_bias": ("true or false", (bool,)),
+}
+_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# The sizes the exporters and the memory plan read (memory/shape.py), by their names across families:
+# each group must be present once, every name that is present (not null) must be a positive integer.
+_SIZES = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd"),
+    "heads": ("num_attention_heads", "n_head"),
+    "vocab": ("vocab_size",),
+}
+_OPTIONAL_SIZES = ("intermediate_size", "n_inner", "ffn_hidden_size", "max_position_embeddings", "n_positions",
+                   "num_key_value_heads", "head_dim", "sliding_window")
+
+
+def check_config_fields(config: dict[str, object], source: str = "config.json") -> None:
+    """Refuse a config.json whose sizes are not positive integers or whose fields have the wrong JSON type,
+    naming the field: the model builder would otherwise fail on it seconds later (an infrastructure error)."""
+    def refuse(key: str, want: str) -> InputError:
+        return InputError(f"{source}: '{key}' is {config[key]!r}, not {want}",
+                          hint="fix config.json or re-save it with transformers' save_pretrained")
+
+    for names in _SIZES.values():
+        if all(config.get(n) is None for n in names):
+            raise InputError(f"{source}: no '{names[0]}'",
+                             hint="config.json must give the layer count, hidden size, attention heads and vocab size")
+    for key in (*[n for names in _SIZES.values() for n in names], *_OPTIONAL_SIZES):
+        if config.get(key) is not None and not _is_positive(config[key]):
+            raise refuse(key, "a positive integer")
+    heads = next(config[n] for n in _SIZES["heads"] if config.get(n) is not None)
+    kv_heads = config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise InputError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                         f"{kv_heads}", hint="check the attention fields of config.json")
+    for key, (want, types) in _CONFIG_TYPES.items():
+        value = config.get(key)
+        if value is None and key != "model_type":
+            continue
+        if not isinstance(value, types):
+            raise refuse(key, want)
+        if types == (int, float) and (isinstance(value, bool) or not 0 < float(value) < float("inf")):  # type: ignore[arg-type]
+            raise refuse(key, want)
+    architectures = config.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise refuse("architectures", "a list of strings")
+    for key in _TOKEN_IDS:
+        value = config.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(_is_count(i) for i in ids):
+            raise refuse(key, "a non-negative integer (or a list of them)")
 
 
 def weight_files(folder: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from release.core.server_settings import ServerSettings
 from release.errors import ConfigError
+from release.model_name import bad_model_name
 
 CONFIG_FILE = "release.yaml"
 # Keys that were replaced: the message says by what, instead of a did-you-mean guess.
@@ -94,7 +95,8 @@ class ServingConfig(Strict):
 
 
 class ReleaseConfig(Strict):
-    model: str | None = Field(None, description="registered model name; default: the run's experiment name")
+    model: str | None = Field(None, description="registered model name (letters, digits, '.', '_', '-'); "
+                                                "default: the run's experiment name")
     source: SourceConfig = SourceConfig()
     merge: MergeConfig = MergeConfig()
     convert: ConvertConfig = ConvertConfig()
@@ -107,6 +109,14 @@ class ReleaseConfig(Strict):
     # release.yaml writes it as the commented-out tail of the file.
     gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str | None) -> str | None:
+        why = None if value is None else bad_model_name(value)
+        if why is not None:
+            raise ValueError(why)
+        return value
+
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
     """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`."""
@@ -116,7 +126,12 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError as exc:  # a binary file or another encoding: bad input, not a bug
+            raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})",
+                              hint="save release.yaml as UTF-8") from exc
+        except OSError as exc:
+            raise ConfigError(f"{label}: cannot be read: {exc.strerror}", hint="check the file's permissions") from exc
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -27,6 +27,7 @@ from release.config import ReleaseConfig
 from release.errors import InputError
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.memory.families import check_supported
+from release.model_name import bad_model_name
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import RunRecord
@@ -41,13 +42,39 @@ class ContractReport:
     warnings: list[str] = field(default_factory=list)
     found: dict[str, bool] = field(default_factory=dict)
     backend: Backend | None = None    # the backend that will build and serve the checkpoint, once known
+    model: str | None = None          # the registered model name the release would use, once it is valid
+
+
+def config_problems(cfg: ReleaseConfig) -> list[Problem]:
+    """What is wrong with release.yaml beyond its schema: the same list for `relctl check` and `promote`."""
+    missing = [g for g in cfg.require if g not in cfg.gates]
+    if not missing:
+        return []
+    return [Problem(f"release.yaml: require lists {', '.join(missing)}, which gates: does not configure",
+                    f"add a gates.{missing[0]} block, or remove it from require")]
+
+
+def release_model_name(registry: Registry, cfg: ReleaseConfig, run: RunRecord) -> tuple[str | None, Problem | None]:
+    """The registered model name a release of `run` uses (release.yaml `model:`, else the run's experiment
+    name), or the problem with it. release.yaml's own value was checked when it was loaded."""
+    if cfg.model is not None:
+        return cfg.model, None
+    name = registry.experiment_name(run.experiment_id)
+    why = bad_model_name(name)
+    if why is None:
+        return name, None
+    return None, Problem(f"the run's experiment name is no model name: {why}",
+                         "set model: in release.yaml (or pass --model) to name the registered model")
 
 
 def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[Gate],
               config_dir: Path | None) -> ContractReport:
     """Every problem with `run_id` and the release configuration, without downloading anything."""
-    report = ContractReport(run_id)
+    report = ContractReport(run_id, problems=config_problems(cfg))
     run = report.run = registry.get_run(run_id)  # a missing run is its own, single error
+    report.model, bad_name = release_model_name(registry, cfg, run)
+    if bad_name is not None:
+        report.problems.append(bad_name)
     ckpt = cfg.source.artifact_path
     files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt)}
     report.found["checkpoint"] = bool(files)

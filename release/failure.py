@@ -45,8 +45,27 @@ def classify(exc: BaseException) -> Failure:
         return Failure("interrupted", "finished stages are kept; re-run the same command to resume", EXIT_INTERRUPTED)
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(f"out of disk space: {exc}", "free space under the project's .relctl/ folder", EXIT_STAGE_FAILED)
+    if _unreachable_registry(exc):
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return Failure(f"the registry failed: {first}", "check that the tracking server is up, then run the command "
+                       "again (finished stages are kept)", EXIT_STAGE_FAILED)
     first = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
     return Failure(f"unexpected {first}", None, EXIT_BUG, bug=True)
+
+
+def _unreachable_registry(exc: BaseException) -> bool:
+    """An MLflow call that failed on the network (requests' errors are OSErrors) wherever it was made:
+    an infrastructure failure (exit 4), not a relctl bug, even where no RegistryError wraps it."""
+    if not type(exc).__module__.startswith("mlflow."):
+        return False
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def write_log(exc: BaseException, log_dir: Path) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
 from release.contract import check_run
 from release.core.package import MANIFEST, PackageManifest, verify_package
-from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
+from release.errors import Blocked, InputError, InputProblems, ReleaseError
 from release.failure import Terminated, classify
 from release.faults import pause_point
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
@@ -36,7 +37,7 @@ from release.progress import Progress
 from release.registry import CANDIDATE, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.client import logged_model_id
-from release.registry.lock import refuse_reserved_name
+from release.registry.errors import as_registry_error
 from release.registry.runs import ReleaseRun
 from release.registry.store import Store
 from release.report import (
@@ -85,24 +86,17 @@ class Promotion:
         return model_card(report, sections)
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
-        if self.cfg.model:
-            refuse_reserved_name(self.cfg.model)
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        missing = [g for g in self.cfg.require if g not in self.cfg.gates]
-        if missing:
-            raise ConfigError(f"release.yaml: require lists {', '.join(missing)}, which gates: does not configure",
-                              hint=f"add a gates.{missing[0]} block, or remove it from require")
+        # The same checks as `relctl check` (release.contract), so check never passes what promote refuses.
         contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
-        if contract.problems:  # all of them at once, in seconds, before any slow stage
+        if contract.problems or contract.model is None:  # all at once, in seconds, before any slow stage
             raise InputProblems([(p.message, p.hint) for p in contract.problems])
         for warning in contract.warnings:
             self.progress.note(warning)
         backend = contract.backend
-        if backend is None:  # check_run names every problem that leaves it unknown
-            raise ReleaseError(f"run '{run_id}': no backend was chosen, yet the run contract found no problem")
-        training = contract.run or self.registry.get_run(run_id)
-        name = self.cfg.model or self.registry.experiment_name(training.experiment_id)
-        refuse_reserved_name(name)
+        name = contract.model
+        if backend is None or name is None:  # check_run names every problem that leaves either unknown
+            raise ReleaseError(f"run '{run_id}': the run contract found no problem, yet chose no backend or name")
         with promote_lock(f"{self.registry.store.tracking_uri}|{run_id}", f"run {run_id}",
                           work_dir_for(self.project_dir, run_id), self.progress):
             return self._run_locked(run_id, name, gates, backend, dry_run, summary_path)
@@ -126,14 +120,37 @@ class Promotion:
                     failure = classify(exc)
                     report.outcome, report.exit_code = "error", failure.exit_code
                     report.failures.append(failure.message)
+                self._finish(run, report, summary_path, failing=exc)
                 raise
-            finally:
-                self._add_links(report)
-                self._log_report(run, report)
-                if summary_path is not None:
-                    with summary_path.open("a") as fh:
-                        fh.write(summary_markdown(report, self.gates_markdown))
+            self._finish(run, report, summary_path, failing=None)
         return report
+
+    def _finish(self, run: ReleaseRun, report: ReleaseReport, summary_path: Path | None,
+                failing: BaseException | None) -> None:
+        """Record the report (links, release-run artifacts, the CI summary) whatever the outcome.
+
+        When an error is already on its way out, a failure here (often the same dead tracking server) is
+        a note, never raised: raised from a `finally`, an MlflowException replaced a RegistryError (exit 4)
+        and the promote exited 3, as a bug. Once one registry write failed, the others are not tried."""
+        steps: list[Callable[[], None]] = [lambda: self._add_links(report), lambda: self._log_report(run, report)]
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:
+                if failing is None:
+                    self._write_summary(report, summary_path)
+                    wrapped = as_registry_error(exc, "cannot record the release report")
+                    if wrapped is not None:
+                        raise wrapped from exc
+                    raise
+                self.progress.note(f"the release report could not be recorded: {classify(exc).message}")
+                break
+        self._write_summary(report, summary_path)
+
+    def _write_summary(self, report: ReleaseReport, summary_path: Path | None) -> None:
+        if summary_path is not None:
+            with summary_path.open("a") as fh:
+                fh.write(summary_markdown(report, self.gates_markdown))
 
     # ------------------------------------------------------------------------------------------
     def _phases(self, run: ReleaseRun, run_id: str, name: str, report: ReleaseReport, gates: list[Gate],

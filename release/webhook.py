@@ -23,20 +23,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The header names are MLflow's own constants, so a rename there breaks here loudly.
-from mlflow.webhooks.constants import (
-    WEBHOOK_DELIVERY_ID_HEADER,
-    WEBHOOK_SIGNATURE_HEADER,
-    WEBHOOK_SIGNATURE_VERSION,
-    WEBHOOK_TIMESTAMP_HEADER,
-)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+from release.model_name import bad_model_name
+
+# The header names are MLflow's own constants, so a rename there breaks here loudly.
+from release.registry.webhooks import (
+    WEBHOOK_DELIVERY_ID_HEADER,
+    WEBHOOK_SIGNATURE_HEADER,
+    WEBHOOK_SIGNATURE_VERSION,
+    WEBHOOK_TIMESTAMP_HEADER,
+)
+
+# An MLflow run id is 32 hex digits; anything else (a leading '-' above all: it would reach the promote
+# command line as an option) is refused. Versions are MLflow's decimal version numbers.
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+VERSION = re.compile(r"[1-9][0-9]{0,9}")
+DEFAULT_MAX_BODY = 1024 * 1024  # MLflow's deliveries are a few KB: a megabyte is ample headroom
 Trigger = Callable[["ReleaseRequest"], str]
+
+
+class MalformedPayload(ValueError):
+    """A signed delivery whose JSON is not the shape MLflow sends: 400, never a crash (500)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,8 @@ class WebhookSettings:
     release_tag: str = "relctl.release"
     release_value: str = "true"
     max_age_s: float = 300.0
+    # Bytes of body read at most; a longer one is refused (413) without being read to its end.
+    max_body_bytes: int = DEFAULT_MAX_BODY
     clock: Callable[[], float] = time.time
     started: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -113,19 +126,31 @@ def create_app(settings: WebhookSettings) -> Starlette:
     seen = SeenDeliveries(settings.state_dir / "webhook-deliveries.jsonl", settings.max_age_s)
     started_lock = threading.Lock()
 
-    def refuse(reason: str) -> JSONResponse:
-        return JSONResponse({"accepted": False, "reason": reason}, status_code=401)
+    def refuse(reason: str, status: int = 401) -> JSONResponse:
+        # Answered before the body is read (or read to its end): the connection is closed after, so the
+        # rest of the body is never read, let alone held.
+        return JSONResponse({"accepted": False, "reason": reason}, status_code=status, headers={"Connection": "close"})
+
+    async def read_body(request: Request) -> bytes | None:
+        """The body, or None once it passes max_body_bytes (a chunked body is not read further)."""
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > settings.max_body_bytes:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def receive(request: Request) -> JSONResponse:
-        body = await request.body()
+        # Everything that needs no body is checked first: an unsigned or oversized POST costs no memory.
         delivery_id = request.headers.get(WEBHOOK_DELIVERY_ID_HEADER, "")
         timestamp = request.headers.get(WEBHOOK_TIMESTAMP_HEADER, "")
         signature = request.headers.get(WEBHOOK_SIGNATURE_HEADER, "")
         if not (delivery_id and timestamp and signature):
             return refuse(f"missing {WEBHOOK_DELIVERY_ID_HEADER}, {WEBHOOK_TIMESTAMP_HEADER} or "
                           f"{WEBHOOK_SIGNATURE_HEADER}")
-        if not signature_matches(settings.secret, delivery_id, timestamp, body, signature):
-            return refuse("bad signature")
+        if len(delivery_id) > 200 or len(signature) > 2000 or not signature.startswith(WEBHOOK_SIGNATURE_VERSION):
+            return refuse("malformed signature headers")
         now = settings.clock()
         try:
             age = now - int(timestamp)
@@ -133,14 +158,25 @@ def create_app(settings: WebhookSettings) -> Starlette:
             return refuse("timestamp is not unix seconds")
         if abs(age) > settings.max_age_s:
             return refuse(f"stale timestamp: {age:.0f}s old, the window is {settings.max_age_s:.0f}s")
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > settings.max_body_bytes):
+            return refuse(f"body of {declared} bytes; at most {settings.max_body_bytes} are read", 413)
+        body = await read_body(request)
+        if body is None:
+            return refuse(f"body over {settings.max_body_bytes} bytes", 413)
+        if not signature_matches(settings.secret, delivery_id, timestamp, body, signature):
+            return refuse("bad signature")
         if not seen.claim(delivery_id, now):
             return refuse("replayed delivery id")
         try:
-            event = json.loads(body)
-            wanted = release_request(event, delivery_id, settings)
-        except (ValueError, KeyError, TypeError) as exc:
+            wanted = release_request(json.loads(body), delivery_id, settings)
+        except (ValueError, UnicodeDecodeError) as exc:  # MalformedPayload and JSONDecodeError are ValueErrors
             return JSONResponse({"accepted": True, "action": "ignored", "reason": f"unreadable payload: {exc}"},
                                 status_code=400)
+        except Exception as exc:  # the registry lookup of a tag event's run failed: MLflow retries on 502
+            seen.release(delivery_id)
+            return JSONResponse({"accepted": True, "action": "failed", "reason": f"cannot look up the run: {exc}"},
+                                status_code=502)
         if isinstance(wanted, str):
             return JSONResponse({"accepted": True, "action": "ignored", "reason": wanted})
         key = (wanted.model, wanted.version)
@@ -166,21 +202,38 @@ def create_app(settings: WebhookSettings) -> Starlette:
                              Route("/health", health, methods=["GET"])])
 
 
-def release_request(event: dict[str, Any], delivery_id: str, settings: WebhookSettings) -> ReleaseRequest | str:
-    """The release a delivery asks for, or why it asks for none."""
-    kind = f"{event['entity']}.{event['action']}"
-    data = event["data"]
+def _field(data: dict[str, Any], key: str, *kinds: type) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        raise MalformedPayload(f"data.{key} is {type(value).__name__}, not {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def release_request(event: object, delivery_id: str, settings: WebhookSettings) -> ReleaseRequest | str:
+    """The release a delivery asks for, or why it asks for none; MalformedPayload for a payload of the
+    wrong shape. The model name, version and run id that reach a command line are checked strictly."""
+    if not isinstance(event, dict):
+        raise MalformedPayload("the payload is not a JSON object")
+    entity, action, data = event.get("entity"), event.get("action"), event.get("data")
+    if not isinstance(entity, str) or not isinstance(action, str) or not isinstance(data, dict):
+        raise MalformedPayload("entity, action and data are missing or of the wrong type")
+    kind = f"{entity}.{action}"
     if kind == "model_version.created":
-        if (data.get("tags") or {}).get(settings.release_tag) != settings.release_value:
+        tags = data.get("tags") or {}
+        if not isinstance(tags, dict):
+            raise MalformedPayload("data.tags is not an object")
+        if tags.get(settings.release_tag) != settings.release_value:
             return f"{kind}: not tagged {settings.release_tag}={settings.release_value}"
-        run_id = data.get("run_id")
     elif kind == "model_version_tag.set":
-        if data["key"] != settings.release_tag or data["value"] != settings.release_value:
-            return f"{kind}: tag {data['key']}={data['value']} is not the release tag"
-        run_id = settings.version_run(str(data["name"]), str(data["version"]))
+        key, value = _field(data, "key", str), _field(data, "value", str)
+        if key != settings.release_tag or value != settings.release_value:
+            return f"{kind}: tag {key}={value} is not the release tag"
     else:
         return f"{kind}: not a release event"
-    if not run_id or not RUN_ID.match(str(run_id)):
-        return f"{data['name']} v{data['version']} has no source run to promote"
-    return ReleaseRequest(model=str(data["name"]), version=str(data["version"]), run_id=str(run_id),
-                          delivery_id=delivery_id)
+    name, version = _field(data, "name", str), str(_field(data, "version", str, int))
+    if bad_model_name(name) is not None or not VERSION.fullmatch(version):
+        return f"{name!r} v{version!r} is not a model version relctl can release"
+    run_id = data.get("run_id") if kind == "model_version.created" else settings.version_run(name, version)
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        return f"{name} v{version} has no source run to promote (run id {run_id!r})"
+    return ReleaseRequest(model=name, version=version, run_id=run_id, delivery_id=delivery_id)

@@ -25,13 +25,17 @@ if TYPE_CHECKING:  # release.webhook imports mlflow: only `relctl webhook` itsel
     from release.webhook import ReleaseRequest, Trigger
 
 PLACEHOLDERS = ("{run_id}", "{model}", "{version}")
+DEFAULT_MAX_BODY = 1024 * 1024  # release.webhook.DEFAULT_MAX_BODY (not imported: it would import mlflow)
 
 
 def default_command(project_dir: Path) -> list[str]:
-    """`relctl --project-dir DIR promote {run_id} --model {model} --json`, with this installation's relctl."""
+    """`relctl --project-dir DIR promote --model {model} --json -- {run_id}`, with this installation's relctl.
+
+    `--` ends the options: whatever a delivery carries, the run id is never read as one (the receiver
+    also refuses run ids that are not 32 hex digits)."""
     beside = Path(sys.executable).parent / "relctl"
     relctl = str(beside) if beside.is_file() else "relctl"
-    return [relctl, "--project-dir", str(project_dir), "promote", "{run_id}", "--model", "{model}", "--json"]
+    return [relctl, "--project-dir", str(project_dir), "promote", "--model", "{model}", "--json", "--", "{run_id}"]
 
 
 def fill(template: list[str], request: ReleaseRequest) -> list[str]:
@@ -112,9 +116,11 @@ def _secret(env_name: str, what: str) -> str:
               help="The model-version tag that asks for a release.")
 @click.option("--max-age", "max_age_s", default=300.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds a delivery's timestamp may differ from now; older ones are refused.")
+@click.option("--max-body-bytes", "max_body_bytes", default=DEFAULT_MAX_BODY, show_default=True,
+              type=click.IntRange(min=1024), help="Longest delivery body read; a longer one is refused (413) unread.")
 @click.option("--command", "command", default=None, metavar="CMD",
               help="What a release starts, with {run_id} {model} {version} filled in "
-                   "[default: relctl --project-dir DIR promote {run_id} --model {model} --json].")
+                   "[default: relctl --project-dir DIR promote --model {model} --json -- {run_id}].")
 @click.option("--github-repo", default=None, metavar="OWNER/REPO",
               help="Instead of a subprocess, send a repository_dispatch to this repository's promote workflow.")
 @click.option("--github-api-url", default="https://api.github.com", show_default=True, help="GitHub API base URL.")
@@ -126,8 +132,8 @@ def _secret(env_name: str, what: str) -> str:
 @click.pass_obj
 @handled
 def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag: str, max_age_s: float,
-                    command: str | None, github_repo: str | None, github_api_url: str, github_token_env: str,
-                    event_type: str, ready_file: Path | None) -> None:
+                    max_body_bytes: int, command: str | None, github_repo: str | None, github_api_url: str,
+                    github_token_env: str, event_type: str, ready_file: Path | None) -> None:
     """Receive MLflow model-registry webhooks (model_version.created, model_version_tag.set): verify the
     HMAC signature, refuse stale or replayed deliveries (401), and start one promote of the source run of
     each version tagged for release."""
@@ -149,11 +155,12 @@ def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag
         template = shlex.split(command) if command is not None else default_command(ctx.project_dir)
         if not template or not any(p in arg for arg in template for p in PLACEHOLDERS):
             raise InputError(f"--command {command!r}: names no {{run_id}}, {{model}} or {{version}}",
-                             hint="e.g. --command 'relctl promote {run_id} --json'")
+                             hint="e.g. --command 'relctl promote --json -- {run_id}'")
         trigger = command_trigger(template, state / "logs")
     settings = WebhookSettings(secret=_secret(secret_env, "relctl webhook"), state_dir=state, trigger=trigger,
                                version_run=version_run_lookup(ctx.project_dir),
-                               release_tag=key, release_value=value, max_age_s=max_age_s)
+                               release_tag=key, release_value=value, max_age_s=max_age_s,
+                               max_body_bytes=max_body_bytes)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:

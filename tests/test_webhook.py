@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import uvicorn
 from cryptography.fernet import Fernet
@@ -233,7 +234,8 @@ def test_default_command_is_relctl_promote_and_replays_are_refused_after_a_resta
     proc, rec = start_receiver(tmp_path / "r", tracking_uri, "--max-age", "300")
     try:
         accepted = post(rec, body, headers)
-        assert accepted.status_code == 202 and f"promote {run_id} --model restart --json" in accepted.json()["started"]
+        assert accepted.status_code == 202
+        assert f"promote --model restart --json -- {run_id}" in accepted.json()["started"]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "error: " not in "".join(p.read_text() for p in logs.glob("*.log")):
             time.sleep(0.3)
@@ -297,3 +299,127 @@ def test_missing_secret_is_bad_input(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert done.stderr.splitlines()[0] == "error: relctl webhook: environment variable RELCTL_WEBHOOK_SECRET is not set"
+
+
+# --- limits: the headers and the size are checked before any body is read ------------------------------
+LIMIT = 64 * 1024  # the receiver below reads at most this much
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory, tracking_uri: str) -> Iterator[tuple[Receiver, int]]:
+    proc, rec = start_receiver(tmp_path_factory.mktemp("limited"), tracking_uri, "--max-body-bytes", str(LIMIT),
+                               "--command", f"{sys.executable} -c pass {{run_id}}")
+    try:
+        yield rec, proc.pid
+    finally:
+        stop(proc)
+
+
+def rss(pid: int) -> int:
+    value: int = psutil.Process(pid).memory_info().rss
+    return value
+
+
+def raw_post(url: str, headers: dict[str, str], body_chunks: Iterator[bytes]) -> tuple[str, int]:
+    """POST over a raw socket, sending body chunks until the server answers; (status line, bytes sent).
+
+    The socket's send buffer is small and the sends time out, so a server that stops reading shows up
+    as an answer (or a closed connection) while most of the body is still unsent."""
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    head = "POST / HTTP/1.1\r\nHost: relctl\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    sock.sendall(head.encode())
+    sent = 0
+    sock.settimeout(0.5)
+    try:
+        for chunk in body_chunks:
+            try:
+                sock.sendall(chunk)
+                sent += len(chunk)
+            except TimeoutError:
+                break  # the server stopped reading: its answer is waiting
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        sock.settimeout(10)
+        answer = b""
+        while b"\r\n" not in answer:
+            part = sock.recv(4096)
+            if not part:
+                break
+            answer += part
+        return answer.split(b"\r\n", 1)[0].decode(), sent
+    finally:
+        sock.close()
+
+
+def body_of(total: int, chunk: int = 64 * 1024, chunked: bool = False) -> Iterator[bytes]:
+    for _ in range(total // chunk):
+        data = b"x" * chunk
+        yield f"{len(data):x}\r\n".encode() + data + b"\r\n" if chunked else data
+
+
+def signed_headers(body: bytes = b"", delivery_id: str | None = None) -> dict[str, str]:
+    delivery_id = delivery_id or str(uuid.uuid4())
+    ts = str(int(time.time()))
+    return {"X-MLflow-Delivery-Id": delivery_id, "X-MLflow-Timestamp": ts,
+            "X-MLflow-Signature": sign(SECRET, delivery_id, ts, body), "Content-Type": "application/json"}
+
+
+def test_an_unsigned_300_mb_post_is_refused_unread(limited: tuple[Receiver, int]) -> None:
+    rec, pid = limited
+    before = rss(pid)
+    status, sent = raw_post(rec.url, {"Content-Length": str(300 * 1024 * 1024), "Content-Type": "application/json"},
+                            body_of(300 * 1024 * 1024))
+    assert status == "HTTP/1.1 401 Unauthorized", status
+    assert sent < 32 * 1024 * 1024, sent  # answered long before the body was sent (socket buffers aside)
+    assert rss(pid) - before < 20 * 1024 * 1024
+
+
+def test_a_signed_post_over_the_limit_is_refused_by_its_length_or_while_chunked(limited: tuple[Receiver, int],
+                                                                               ) -> None:
+    rec, pid = limited
+    before = rss(pid)
+    # Signature headers present (they cannot be checked before the body): the declared length decides.
+    status, sent = raw_post(rec.url, {**signed_headers(), "Content-Length": str(300 * 1024 * 1024)},
+                            body_of(300 * 1024 * 1024))
+    assert status == "HTTP/1.1 413 Request Entity Too Large" and sent < 32 * 1024 * 1024, (status, sent)
+    # No length declared: reading stops at the limit, the rest of the chunked body is never read.
+    status, sent = raw_post(rec.url, {**signed_headers(), "Transfer-Encoding": "chunked"},
+                            body_of(300 * 1024 * 1024, chunked=True))
+    assert status == "HTTP/1.1 413 Request Entity Too Large" and sent < 32 * 1024 * 1024, (status, sent)
+    assert rss(pid) - before < 20 * 1024 * 1024
+    # Under the limit, the same receiver still works.
+    ok = httpx.post(rec.url, content=b"{}", headers=signed_headers(b"{}"), timeout=10)
+    assert ok.status_code == 400, ok.text  # signed, but not an MLflow event
+
+
+@pytest.mark.parametrize("payload", [
+    b"[]", b'"text"', b"\xff\xfe not utf-8", b'{"entity": "model_version", "action": "created", "data": []}',
+    b'{"entity": "model_version", "action": "created", "data": {"tags": "relctl.release"}}',
+    b'{"entity": "model_version_tag", "action": "set", "data": {"key": ["relctl.release"], "value": "true"}}',
+    b'{"entity": 7, "action": "created", "data": {}}',
+])
+def test_a_signed_malformed_payload_is_400(limited: tuple[Receiver, int], payload: bytes) -> None:
+    rec, _ = limited
+    response = httpx.post(rec.url, content=payload, headers=signed_headers(payload), timeout=10)
+    assert response.status_code == 400, response.text
+    assert response.json()["action"] == "ignored"
+
+
+@pytest.mark.parametrize("run_id", ["--help", "-" + "a" * 31, "A" * 32, "../" + "a" * 29, "a" * 31 + "\n"])
+def test_a_run_id_that_is_not_mlflows_starts_nothing(receiver: Receiver, run_id: str) -> None:
+    before = len(receiver.starts())
+    body, headers = mlflow_delivery("model_version", "created", created("inject", "1", run_id))
+    response = post(receiver, body, headers)
+    assert response.status_code == 200 and response.json()["action"] == "ignored", response.text
+    assert "no source run to promote" in response.json()["reason"]
+    assert len(wait_starts(receiver, before + 1, timeout_s=2)) == before
+
+
+def test_the_default_command_ends_options_before_the_run_id(tmp_path: Path) -> None:
+    from release.webhook import ReleaseRequest
+    from release.webhook_cli import default_command, fill
+
+    argv = fill(default_command(tmp_path), ReleaseRequest("m", "3", "a" * 32, "d"))
+    assert argv[-2:] == ["--", "a" * 32] and argv[argv.index("promote") + 1:-2] == ["--model", "m", "--json"]

@@ -128,11 +128,15 @@ def _settings(data: dict[str, Any]) -> LoraSettings:
     alpha = data.get("lora_alpha", 8)
     rank_pattern = data.get("rank_pattern") or {}
     alpha_pattern = data.get("alpha_pattern") or {}
+    if not isinstance(rank_pattern, dict) or not isinstance(alpha_pattern, dict):
+        raise InputError(f"{CONFIG_FILE}: rank_pattern and alpha_pattern must be mappings",
+                         hint="re-save the adapter with peft's save_pretrained")
     if not _is_positive_int(r) or not all(_is_positive_int(v) for v in rank_pattern.values()):
         raise InputError(f"{CONFIG_FILE}: r and rank_pattern values must be positive integers",
                          hint="re-save the adapter with peft's save_pretrained")
     if not all(_is_number(v) for v in (alpha, *alpha_pattern.values())):
-        raise InputError(f"{CONFIG_FILE}: lora_alpha and alpha_pattern values must be numbers",
+        # NaN or Inf would scale every delta to NaN: a merged checkpoint of NaN weights, written with exit 0.
+        raise InputError(f"{CONFIG_FILE}: lora_alpha and alpha_pattern values must be finite numbers",
                          hint="re-save the adapter with peft's save_pretrained")
     return LoraSettings(
         r=r,
@@ -152,4 +156,4 @@ def _is_positive_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -19,7 +19,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from release.errors import InputError, RegistryError
+from release.model_name import check_model_name, is_reserved_name
 from release.registry import aliases as al
+from release.registry import filters as fl
 from release.registry import lock as lk
 from release.registry import runs, states
 from release.registry import tags as T
@@ -147,7 +149,11 @@ class Registry:
 
     # --- release runs --------------------------------------------------------------------------------
     def releases_experiment(self) -> str:
-        return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
+        try:
+            return ensure_experiment(self.store, runs.RELEASE_EXPERIMENT)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot read experiment '{runs.RELEASE_EXPERIMENT}': {exc.message}",
+                                hint="check that the tracking server is up, then run the command again") from exc
 
     def release_run(self, model: str, run_name: str, tags: dict[str, str]) -> AbstractContextManager[runs.ReleaseRun]:
         experiment_id = self.releases_experiment()
@@ -176,6 +182,7 @@ class Registry:
             raise RegistryError(f"cannot read registered model '{name}': {exc.message}") from exc
 
     def require_model(self, name: str) -> None:
+        check_model_name(name, "model", hint="`relctl status` lists the registered models")
         if not self.model_exists(name):
             raise InputError(
                 f"registered model '{name}' not found in {self.store.display_uri}",
@@ -185,10 +192,10 @@ class Registry:
     def list_models(self) -> list[str]:
         # Only a proven lease is hidden: a model someone named `relctl.lock.*` in MLflow is still listed.
         return sorted(m.name for m in self.client.search_registered_models()
-                      if not (lk.is_reserved_name(m.name) and lk.is_lease(dict(m.tags))))
+                      if not (is_reserved_name(m.name) and lk.is_lease(dict(m.tags))))
 
     def ensure_model(self, name: str, description: str) -> None:
-        lk.refuse_reserved_name(name)
+        check_model_name(name, "registered model")
         if not self.model_exists(name):
             try:
                 self.client.create_registered_model(name, description=description)
@@ -220,7 +227,11 @@ class Registry:
 
     def find_versions(self, name: str, tag: str, value: str) -> list[VersionRecord]:
         """Versions of `name` whose tag `tag` equals `value`, oldest first (full objects, tags included)."""
-        found = self.client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
+        query = f"name = {fl.literal(name)} and tags.{fl.identifier(tag)} = {fl.literal(value)}"
+        try:
+            found = self.client.search_model_versions(query)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
 
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,

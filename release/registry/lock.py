@@ -32,9 +32,9 @@ import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from release.errors import InputError, RegistryError
+from release.errors import RegistryError
+from release.model_name import LOCK_PREFIX
 
-LOCK_PREFIX = "relctl.lock."
 LEASE_TAG = "relctl.lease"          # the marker: only a model carrying it is a lease relctl may break
 LEASE_KIND = "lease"
 BREAK_KIND = "break"
@@ -42,18 +42,6 @@ DEFAULT_TTL_S = 120.0
 DEFAULT_WAIT_S = 180.0
 BUSY_RETRY_S = 30.0
 T = TypeVar("T")
-
-
-def is_reserved_name(name: str) -> bool:
-    """A name in the lease namespace (compared case-insensitively: some backends compare names so)."""
-    return name.casefold().startswith(LOCK_PREFIX)
-
-
-def refuse_reserved_name(name: str) -> None:
-    """Exit 2 for a model name in the lease namespace, before anything is written."""
-    if is_reserved_name(name):
-        raise InputError(f"model name '{name}' is reserved: names starting with '{LOCK_PREFIX}' are relctl's "
-                         "alias leases", hint="choose another registered model name (release.yaml model:, --model)")
 
 
 def is_lease(tags: dict[str, str]) -> bool:

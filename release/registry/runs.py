@@ -24,14 +24,27 @@ import numpy as np
 import onnx
 import psutil
 from mlflow.entities import RunStatus
+from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.models.signature import ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types.schema import Schema, TensorSpec
 
+from release.errors import RegistryError
+from release.registry import filters
 from release.registry import tags as T
 
 RELEASE_EXPERIMENT = "relctl-releases"
+
+
+@contextmanager
+def _writing(what: str) -> Iterator[None]:
+    """An MLflow failure while writing the release run is a RegistryError (exit 4), as everywhere else."""
+    try:
+        yield
+    except MlflowException as exc:
+        raise RegistryError(f"cannot {what} of the release run: {exc.message}",
+                            hint="check that the tracking server is up, then run the command again") from exc
 
 
 class ReleaseRun:
@@ -41,20 +54,25 @@ class ReleaseRun:
         self.run_id = run_id
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        mlflow.set_tags(tags)
+        with _writing("set the tags"):
+            mlflow.set_tags(tags)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        mlflow.log_params(params)
+        with _writing("log the params"):
+            mlflow.log_params(params)
 
     def log_metrics(self, metrics: dict[str, float]) -> None:
         if metrics:
-            mlflow.log_metrics(metrics)
+            with _writing("log the metrics"):
+                mlflow.log_metrics(metrics)
 
     def log_artifact(self, path: Path, artifact_path: str) -> None:
-        mlflow.log_artifact(str(path), artifact_path)
+        with _writing(f"log {artifact_path}/{path.name}"):
+            mlflow.log_artifact(str(path), artifact_path)
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
-        mlflow.log_artifacts(str(folder), artifact_path)
+        with _writing(f"log {artifact_path}/"):
+            mlflow.log_artifacts(str(folder), artifact_path)
 
     def log_onnx_model(self, model_path: Path, extra_files: list[str], requirements: list[str]) -> LoggedModelRef:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
@@ -112,10 +130,12 @@ def _owner_tags() -> dict[str, str]:
 @contextmanager
 def release_run(experiment_id: str, run_name: str, tags: dict[str, str]) -> Iterator[ReleaseRun]:
     """Start a release run owned by this process; it ends FINISHED, KILLED on Ctrl-C or SIGTERM, else FAILED."""
-    run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
+    with _writing("start"):
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name)
     status = "FINISHED"
     try:
-        mlflow.set_tags({**tags, **_owner_tags()})
+        with _writing("set the owner tags"):
+            mlflow.set_tags({**tags, **_owner_tags()})
         yield ReleaseRun(run.info.run_id)
     except KeyboardInterrupt:
         status = "KILLED"
@@ -124,7 +144,14 @@ def release_run(experiment_id: str, run_name: str, tags: dict[str, str]) -> Iter
         status = "FAILED"
         raise
     finally:
-        mlflow.end_run(status)
+        try:
+            with _writing("end"):
+                mlflow.end_run(status)
+        except RegistryError:
+            # With an error on its way out, it says what went wrong; raised from this `finally`, a failure
+            # to end the run (the same dead server, usually) would replace it. The next command reaps it.
+            if status == "FINISHED":
+                raise
 
 
 def _owner_alive(tags: dict[str, str]) -> bool | None:
@@ -147,8 +174,8 @@ def in_flight(client: MlflowClient, run_id: str) -> bool:
 
 def reap_dead_runs(client: MlflowClient, experiment_id: str, model: str) -> list[str]:
     """Mark KILLED every RUNNING release run of `model` whose relctl process is gone; one note per run."""
-    runs = client.search_runs([experiment_id], filter_string=f"tags.`{T.MODEL}` = '{model}' and "
-                              "attributes.status = 'RUNNING'", max_results=100)
+    query = f"tags.{filters.identifier(T.MODEL)} = {filters.literal(model)} and attributes.status = 'RUNNING'"
+    runs = client.search_runs([experiment_id], filter_string=query, max_results=100)
     notes = []
     active = mlflow.active_run()
     for run in runs:

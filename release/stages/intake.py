@@ -11,6 +11,7 @@ from release import checkpoint as ckpt
 from release.errors import InputError
 from release.jsonfile import read_json_file
 from release.lineage import checkpoint_lineage, training_lineage
+from release.lora.settings import read_settings
 from release.numerics import fp16_overflows, tensor_max_abs
 from release.registry import Registry
 from release.stages.base import Stage, StageInputs, StageResult
@@ -24,6 +25,8 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
     """Every defect a loader could misread is refused here, reading headers and JSON only."""
     ckpt.refuse_pickles(folder)
     config = ckpt.read_config(folder)
+    ckpt.check_config_fields(config)
+    check_tokenizer(folder)
     files = ckpt.weight_files(folder)
     headers = {path: ckpt.read_header(path) for path in files}
     ckpt.check_index(folder, headers)
@@ -41,6 +44,21 @@ def check_checkpoint(folder: Path) -> dict[str, Any]:
     return summary
 
 
+def check_tokenizer(folder: Path) -> None:
+    """tokenizer.json must parse as a `tokenizers` tokenizer: a broken one otherwise fails the builder."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return  # the run contract names a missing tokenizer.json; a local checkpoint may use another format
+    from tokenizers import Tokenizer  # noqa: PLC0415 - only when a checkpoint is checked
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as exc:  # the Rust parser raises plain Exception for every defect
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise InputError(f"{folder.name}/tokenizer.json: not a tokenizer the tokenizers library can load ({first})",
+                         hint="save the training tokenizer with tokenizer.save_pretrained(dir)") from exc
+
+
 def _check_adapter(folder: Path) -> dict[str, Any]:
     cfg_path = folder / "adapter_config.json"
     adapter_cfg = read_json_file(cfg_path, InputError(f"{folder.name}: adapter_config.json is missing"),
@@ -51,6 +69,7 @@ def _check_adapter(folder: Path) -> dict[str, Any]:
             f"{folder.name}: adapter_config.json has no adapter_model.safetensors beside it",
             hint="save the adapter with save_pretrained(..., safe_serialization=True)",
         )
+    read_settings(folder)  # an option or number the merge would refuse (lora_alpha NaN, ...) is refused now
     header = ckpt.read_header(weights)
     return {
         "peft_type": adapter_cfg.get("peft_type"),

@@ -31,6 +31,7 @@ from release.errors import InputError, StageFailed
 from release.faults import pause_point
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.settings import read_settings
+from release.numerics import tensor_max_abs
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -119,6 +120,8 @@ def _check_inputs(base_dir: Path, adapter_dir: Path) -> tuple[list[SafetensorsHe
     headers = [read_header(p) for p in weight_files(base_dir)]
     check_index(base_dir, {h.path: h for h in headers})
     plan = plan_adapter(adapter_dir, settings, _index_base(headers))
+    # A NaN or Inf in the adapter spreads over every weight it folds into; the adapter is small to scan.
+    tensor_max_abs([adapter_dir / ADAPTER_FILE])
     return headers, plan, settings.base_model_name_or_path
 
 

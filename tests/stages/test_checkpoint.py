@@ -19,7 +19,9 @@ from release.stages.intake import check_checkpoint
 def folder(tmp_path: Path) -> Path:
     root = tmp_path / "ckpt"
     root.mkdir()
-    (root / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (root / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1, "hidden_size": 8,
+        "num_attention_heads": 2, "vocab_size": 4}))
     save_file({"a.weight": np.ones((4, 8), np.float32), "b.weight": np.zeros((8,), np.float16)},
               str(root / "model.safetensors"))
     return root

@@ -1,0 +1,30 @@
+"""MLflow filter strings quote their values through one helper: a quote in a value is searched for exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from release.errors import InputError
+from release.registry import Registry
+from release.registry import tags as T
+from release.registry.filters import identifier, literal
+from release.registry.store import connect, resolve_store
+
+
+def test_a_value_with_a_quote_is_found_exactly_and_one_with_both_is_refused(project_dir: Path) -> None:
+    store = resolve_store(project_dir)
+    connect(store)
+    registry = Registry(store)
+    registry.client.create_registered_model("m")
+    for value in ("it's", "plain", 'say "hi"'):
+        registry.client.create_model_version("m", source=(project_dir / "x").as_uri(), tags={T.TRAINING_RUN: value})
+    assert [str(registry.find_versions("m", T.TRAINING_RUN, v)[0].version) for v in ("it's", "plain", 'say "hi"')] == \
+        ["1", "2", "3"]
+    assert registry.find_versions("m", T.TRAINING_RUN, "it") == []
+    for bad in ("""both ' and " """, "back\\slash"):
+        with pytest.raises(InputError):
+            literal(bad)
+    with pytest.raises(InputError):
+        identifier("a`b")
