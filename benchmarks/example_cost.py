@@ -28,10 +28,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gates.load import CostConfig, LoadConfig, LoadGate
+from release.core.server_settings import ServerSettings
 from release.gating.contract import GateContext
 from release.serving.loadgen.runner import Traffic
 from release.serving.loadgen.summary import SLOs
-from release.core.server_settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny-llm"

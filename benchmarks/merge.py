@@ -119,7 +119,7 @@ def child_relctl(base: Path, adapter: Path, out: Path) -> dict[str, Any]:
     report = merge_checkpoint(base, adapter, out)
     done = time.perf_counter()
     return {"import_s": imported - start, "merge_s": done - imported, "wall_s": done - start,
-            "report": report.to_dict()}
+            "report": report.model_dump()}
 
 
 def child_peft(base: Path, adapter: Path, out: Path) -> dict[str, Any]:

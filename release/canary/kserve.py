@@ -16,7 +16,6 @@ import yaml
 from release import __version__
 from release.deploy.kserve import KServeOptions, render_kserve
 from release.errors import InputError
-from release.registry import CANDIDATE, PRODUCTION, Registry
 
 
 def render_canary(model: str, candidate_version: str, production_version: str | None, percent: int,
@@ -34,13 +33,3 @@ def render_canary(model: str, candidate_version: str, production_version: str | 
               f"{f' beside production v{production_version}' if production_version else ''} "
               f"(relctl {__version__})\n")
     return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))
-
-
-def render_candidate(registry: Registry, model: str, percent: int, options: KServeOptions,
-                     template: str | None = None) -> str:
-    """`relctl render kserve MODEL@candidate`: the aliases resolved to pinned versions, then render_canary."""
-    aliases = registry.aliases(model)
-    candidate = aliases.get(CANDIDATE)
-    if candidate is None:
-        raise InputError(f"{model}: no '{CANDIDATE}' alias", hint="relctl canary MODEL --version V sets it")
-    return render_canary(model, candidate, aliases.get(PRODUCTION), percent, options, template)

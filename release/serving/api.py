@@ -1,4 +1,4 @@
-"""Library entry points behind `relctl serve` and `relctl bench` (the CLI only parses and calls these)."""
+"""The library entry point behind `relctl serve` (the CLI only parses and calls it)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,6 @@ from typing import Any
 from release.config import load_config
 from release.core.server_settings import ServerSettings
 from release.errors import InputError
-from release.serving.loadgen.bench import run_bench
-from release.serving.loadgen.client import ClientOptions, Endpoint
-from release.serving.loadgen.runner import Traffic
-from release.serving.loadgen.summary import SLOs
 from release.serving.server import load_state, package_settings, run_server
 from release.serving.source import resolve_package
 
@@ -41,17 +37,3 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
 
 def _settings(config_path: Path) -> ServerSettings:
     return load_config(config_path).serving.server
-
-
-def bench(urls: list[str], *, traffic: Traffic, slos: SLOs, out_dir: Path, endpoint: Endpoint = "completions",
-          model: str | None = None, stream: bool = True, ignore_eos: bool = True,
-          max_concurrency: int | None = None, timeout_s: float = 60.0, sweep: bool = False,
-          sweep_rates: list[float] | None = None, step_duration_s: float = 10.0) -> dict[str, Any]:
-    """Open-loop load against `urls[0]`, the same traffic against the others (compare), or a sweep.
-
-    Writes records-<label>.jsonl, summary.json and PNG plots into `out_dir`; returns the summary.
-    """
-    client = ClientOptions(base_url=urls[0] if urls else "", model=model, endpoint=endpoint, stream=stream,
-                           ignore_eos=ignore_eos, max_concurrency=max_concurrency, timeout_s=timeout_s)
-    return run_bench(urls, traffic, slos, client, out_dir, do_sweep=sweep, sweep_rates=sweep_rates,
-                     step_duration_s=step_duration_s)

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from release.hashing import sha256_json
-
-Phase = Literal["before_register", "register", "after_register"]
 
 
 def location() -> Any:
@@ -57,7 +55,6 @@ ResultT = TypeVar("ResultT", bound=StageResult)
 
 class Stage(ABC, Generic[InputsT, ResultT]):
     name: ClassVar[str]
-    phase: ClassVar[Phase] = "before_register"
     result_type: ClassVar[type[StageResult]]
     # A stage whose state lives outside the work folder (register: the registry) is never resumed from a
     # manifest; it is idempotent against that state instead.

@@ -13,9 +13,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field
 
@@ -44,30 +42,8 @@ TOKENIZER_FILES = (
 MergeProgress = Callable[[int, int], None]
 
 
-@dataclass
-class MergeReport:
-    """What a merge wrote. `largest_tensor_bytes` bounds the tensor data held in memory at once."""
-
-    out_dir: str
-    lora_modules: int
-    dora_modules: int
-    replaced_tensors: int
-    tensors_changed: int
-    tensors_written: int
-    bytes_written: int
-    output_files: list[str]
-    largest_tensor_bytes: int
-    seconds: float
-    base_model_name_or_path: str | None
-    tokenizer_from: str | None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def merge_checkpoint(base_dir: Path, adapter_dir: Path, out_dir: Path,
-                     progress: MergeProgress | None = None) -> MergeReport:
+                     progress: MergeProgress | None = None) -> MergeResult:
     """Fold the LoRA adapter in `adapter_dir` into the checkpoint in `base_dir`; write it to `out_dir`.
 
     `adapter_dir` may be `base_dir` itself. `progress(bytes_done, bytes_total)` is called as the weight
@@ -92,8 +68,8 @@ def merge_checkpoint(base_dir: Path, adapter_dir: Path, out_dir: Path,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     files = sorted(p for p in out_dir.iterdir() if p.is_file())
-    return MergeReport(
-        out_dir=str(out_dir),
+    return MergeResult(
+        model=out_dir.name,
         lora_modules=len(plan.folds),
         dora_modules=sum(1 for m in plan.folds.values() if m.magnitude is not None),
         replaced_tensors=len(plan.replacements),
@@ -245,12 +221,21 @@ class MergeInputs(StageInputs):
 
 
 class MergeResult(StageResult):
+    """What a merge wrote. `largest_tensor_bytes` bounds the tensor data held in memory at once."""
+
     model: str
     lora_modules: int
     dora_modules: int
     tensors_changed: int
     bytes_written: int
     notes: list[str]
+    replaced_tensors: int = 0
+    tensors_written: int = 0
+    output_files: list[str] = Field(default_factory=list)
+    largest_tensor_bytes: int = 0
+    seconds: float = 0.0
+    base_model_name_or_path: str | None = None
+    tokenizer_from: str | None = None
 
 
 class MergeStage(Stage[MergeInputs, MergeResult]):
@@ -261,10 +246,8 @@ class MergeStage(Stage[MergeInputs, MergeResult]):
 
     def run(self, out: Path) -> MergeResult:
         target = output_folder(out, self.inputs.into)
-        report = merge_checkpoint(self.inputs.base, self.inputs.adapter, target)
-        return MergeResult(model=self.inputs.into, lora_modules=report.lora_modules,
-                           dora_modules=report.dora_modules, tensors_changed=report.tensors_changed,
-                           bytes_written=report.bytes_written, notes=report.notes)
+        result = merge_checkpoint(self.inputs.base, self.inputs.adapter, target)
+        return result.model_copy(update={"model": self.inputs.into})  # relative to the stage folder
 
     def summary(self, result: MergeResult) -> str:
         return f"LoRA folded into the base ({result.lora_modules} modules)"
