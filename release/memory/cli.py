@@ -22,13 +22,26 @@ def _project_dir() -> Path:
     return Path(ctx.project_dir if ctx is not None else ".")
 
 
+def _check_precision(precision: str) -> None:
+    """A precision some installed backend builds (the one source of precisions) that the plan can lay out."""
+    from release.backends import installed_precisions
+
+    offered = installed_precisions()
+    if precision not in offered:
+        raise InputError(f"--precision: '{precision}' is not offered by the installed backends",
+                         hint=f"use one of {', '.join(offered)}")
+    if precision not in PRECISIONS:
+        raise InputError(f"--precision: the memory plan cannot lay out {precision} weights yet",
+                         hint=f"plan one of {', '.join(PRECISIONS)}")
+
+
 @click.command("plan")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("--gpu", "gpu_name", help="GPU name from the catalogue (e.g. H100-80GB, A100-40GB, L4).")
 @click.option("--memory-gib", type=float, help="Device memory in GiB, instead of --gpu.")
 @click.option("--concurrency", type=int, required=True, help="Concurrent sequences per replica.")
 @click.option("--context", type=int, required=True, help="Context tokens per sequence (prompt + output).")
-@click.option("--precision", type=click.Choice(PRECISIONS), help="Precision to plan (default: the package's; fp16).")
+@click.option("--precision", help="Precision to plan, one an installed backend builds (default: the package's; fp16).")
 @click.option("--gpus", type=int, default=1, show_default=True, help="Devices per replica.")
 @click.option("--kv-dtype", type=click.Choice(list(KV_DTYPE_BYTES)), help="KV cache dtype (default: the model's).")
 @click.option("--prefill-tokens", type=int, help="Prompt tokens per sequence in one prefill (default: context).")
@@ -48,6 +61,8 @@ def plan_command(source: Path, gpu_name: str | None, memory_gib: float | None, c
     ctx = click.get_current_context().find_object(Ctx)
     if ctx is not None:
         ctx.as_json = as_json
+    if precision is not None:
+        _check_precision(precision)
     target = _target(gpu_name, memory_gib, concurrency, context, gpus, kv_dtype, prefill_tokens, headroom,
                      cast(Provider, provider or ("cuda" if gpu_name else "cpu")), not no_overlap)
     spec = load_spec(source, cast(Precision | None, precision), target.provider)

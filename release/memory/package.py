@@ -14,7 +14,7 @@ import onnx
 from release.backends import backend_for_folder, backend_of
 from release.core.package import MANIFEST, read_manifest
 from release.errors import InputError
-from release.memory.shape import Precision, Provider
+from release.memory.shape import PRECISIONS, Precision, Provider
 
 _FLOAT_BYTES = {1: 4, 10: 2, 16: 2, 11: 8}  # onnx.TensorProto FLOAT, FLOAT16, BFLOAT16, DOUBLE
 
@@ -60,7 +60,7 @@ def read_model_folder(model_dir: Path, config: dict[str, Any], precision: str | 
                       root: Path | None = None) -> PackageFacts:
     """The facts of a converted folder whose config.json the caller already holds (e.g. before packaging)."""
     graph = _load_graph(model_dir)
-    chosen = precision if precision in ("fp32", "fp16", "int8", "int4") else _graph_precision(graph)
+    chosen = precision if precision in PRECISIONS else _graph_precision(graph)
     return PackageFacts(root=root or model_dir, model_dir=model_dir, config=config,
                         weights_bytes=initializer_bytes(graph), precision=cast(Precision, chosen),
                         kv_dtype_bytes=_kv_bytes(graph, model_dir), provider=_provider(model_dir))
