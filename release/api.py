@@ -9,7 +9,7 @@ from typing import Any
 from release import links
 from release.config import CONFIG_FILE, load_config
 from release.contract import check_run
-from release.core.package import verify_package
+from release.core.package import LEGACY_BACKEND, verify_package
 from release.errors import InputError, RegistryError
 from release.gating.plugins import load_gates
 from release.model_name import check_model_name
@@ -147,6 +147,8 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "training_run": tags.get(T.TRAINING_RUN),
             "git_commit": tags.get(T.GIT_COMMIT),
             "precision": tags.get(T.PRECISION),
+            # Versions released before backends were named were all onnxruntime-genai packages.
+            "backend": tags.get(T.BACKEND, LEGACY_BACKEND),
             "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH),
             "data": {k: v for k, v in lineage.items() if k.startswith(T.DATA_PREFIX)},
             "gates": T.gate_statuses(tags),

@@ -219,7 +219,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
         for alias, info in data["aliases"].items():
             gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
             commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
-            click.echo(f"{model}@{alias}: v{info['version']} {info['precision'] or 'unknown precision'} from run "
+            click.echo(f"{model}@{alias}: v{info['version']} {info['precision'] or 'unknown precision'} on "
+                       f"{info['backend']} from run "
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)

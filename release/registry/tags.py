@@ -36,6 +36,7 @@ V = TypeVar("V")
 TRAINING_RUN = "relctl.training_run_id"
 RELEASE_RUN = "relctl.release_run_id"
 PRECISION = "relctl.precision"
+BACKEND = "relctl.backend"                 # the serving engine that built and serves the package
 SERVING_CONFIG_HASH = "relctl.serving_config_hash"
 PACKAGE_URI = "relctl.package_uri"          # versions before schema 3; now derived from the release run
 MANIFEST_SHA256 = "relctl.package_manifest_sha256"
@@ -76,7 +77,7 @@ DATASET_CONTEXT = "mlflow.data.context"
 
 
 # The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
-VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, RELEASE_STATE, SERVING_CONFIG_HASH,
+VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE, SERVING_CONFIG_HASH,
                           MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value

@@ -52,6 +52,7 @@ def version_tags(package: PackageManifest, lineage: dict[str, Any], extra: dict[
         T.TRAINING_RUN: lineage.get("training", {}).get("run_id"),
         T.GIT_COMMIT: lineage.get("training", {}).get("git_commit"),
         T.PRECISION: package.data.get("precision"),
+        T.BACKEND: package.backend_id,
         T.SERVING_CONFIG_HASH: package.serving_config_hash,
         T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
         T.CONTENT_SHA256: content_sha256(package),
