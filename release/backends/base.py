@@ -81,6 +81,15 @@ class LoadedModel(Protocol):
         """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32."""
 
 
+class BatchProbe(Protocol):
+    """One batched generation at a planned batch size and context, for measuring memory and cold start."""
+
+    def run(self, batch: int, max_length: int, prompt: int, steps: int) -> float:
+        """Prefill `batch` prompts of `prompt` tokens, decode `steps`; the seconds to the first token."""
+
+    def close(self) -> None: ...
+
+
 class Runner(Protocol):
     """What relctl's own server drives: a loaded model's tokenizer and token loop. Admission, queueing,
     timeouts, stop strings and the HTTP protocol stay in release/serving and are the same for every backend."""
@@ -197,6 +206,11 @@ class Backend(ABC):
 
     @abstractmethod
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts: ...
+
+    def batch_probe(self, model_dir: Path, provider: str) -> BatchProbe | None:
+        """A loaded model that runs one batch for the memory measurement; None: this engine cannot be measured
+        in-process (the plan's estimate is then the only memory evidence)."""
+        return None
 
     # -- serving -----------------------------------------------------------------------------------
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from release.config import ServingConfig
+from release.core.package import missing_runtime
 from release.errors import InputError
 from release.memory.families import DEFAULT_HEAD_DIM, check_supported, sliding_layers
 
@@ -174,42 +175,28 @@ def folder_kv_dtype_bytes(model_dir: Path) -> int:
 
 
 def measure_memory(model_dir: Path, serving: ServingConfig) -> MemoryMeasurement:
-    """GPU memory this process uses after loading `model_dir` on CUDA and generating a full batch.
+    """GPU memory this process uses after loading `model_dir` on CUDA and generating a full batch, through the
+    backend that built the folder.
 
-    Needs onnxruntime-genai built with CUDA and an NVIDIA GPU; anywhere else it returns peak_bytes=None
+    Needs a CUDA build of that backend's engine and an NVIDIA GPU; anywhere else it returns peak_bytes=None
     with the reason, and the estimate is the only memory evidence.
     """
-    import onnxruntime_genai as og  # noqa: PLC0415 - the runtime loads only when a measurement is asked for
-
-    from release.backends.onnxruntime_genai.model import read_genai_config  # noqa: PLC0415 - native libraries
-
-    read_genai_config(model_dir)
-    if shutil.which("nvidia-smi") is None:
-        return MemoryMeasurement(None, "no NVIDIA GPU on this host (nvidia-smi not found); estimate only")
-    if not og.is_cuda_available():
-        return MemoryMeasurement(None, "onnxruntime-genai was built without CUDA; install onnxruntime-genai-cuda")
-    return _measure_on_cuda(model_dir, serving)
-
-
-def _measure_on_cuda(model_dir: Path, serving: ServingConfig) -> MemoryMeasurement:
     import os  # noqa: PLC0415 - kept beside the CUDA-only path it serves
 
-    import numpy as np  # noqa: PLC0415 - CUDA-only path
-    import onnxruntime_genai as og  # noqa: PLC0415 - CUDA-only path
+    from release.backends import backend_for_folder  # noqa: PLC0415 - entry points, only when measured
 
-    config = og.Config(str(model_dir))
-    config.clear_providers()
-    config.append_provider("cuda")
-    model = og.Model(config)
-    params = og.GeneratorParams(model)
+    backend = backend_for_folder(model_dir)
+    missing_runtime(backend, model_dir, model_dir.name)
+    if shutil.which("nvidia-smi") is None:
+        return MemoryMeasurement(None, "no NVIDIA GPU on this host (nvidia-smi not found); estimate only")
+    probe = backend.batch_probe(model_dir, "cuda")
+    if probe is None:
+        return MemoryMeasurement(None, f"the {backend.id} backend cannot run on CUDA here (for onnxruntime-genai: "
+                                       "install onnxruntime-genai-cuda)")
     # A full batch at the planned context length: the KV cache is allocated for max_length up front.
-    params.set_search_options(max_length=serving.context_tokens, do_sample=False, batch_size=serving.concurrency)
-    generator = og.Generator(model, params)
-    prompt = np.ones((serving.concurrency, 8), dtype=np.int32)
-    generator.append_tokens(prompt)
-    generator.generate_next_token()
+    probe.run(serving.concurrency, serving.context_tokens, 8, 1)
     used = _process_gpu_bytes(os.getpid())
-    del generator, model
+    probe.close()
     if used is None:
         return MemoryMeasurement(None, "nvidia-smi did not report this process's memory", device="cuda")
     return MemoryMeasurement(used, "measured with nvidia-smi after load + one batched step", device="cuda")

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-import numpy as np
-import onnxruntime_genai as og
 import psutil
 
 from release.backends import backend_for_folder
@@ -99,32 +97,6 @@ def _device_used() -> Callable[[], int]:
     return read
 
 
-def _load(model_dir: Path, provider: str) -> Any:
-    config = og.Config(str(model_dir))
-    config.clear_providers()
-    if provider != "cpu":
-        config.append_provider(provider)
-    return og.Model(config)
-
-
-def _generate(model: Any, batch: int, max_length: int, prompt: int, steps: int) -> float:
-    """Prefill `batch` prompts of `prompt` tokens, then `steps` decode steps; the seconds to the first token."""
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, do_sample=False, batch_size=batch)
-    started = time.perf_counter()
-    generator = og.Generator(model, params)
-    ids = (np.arange(batch * prompt, dtype=np.int32).reshape(batch, prompt) % 7) + 3
-    generator.append_tokens(ids)
-    generator.generate_next_token()
-    first = time.perf_counter() - started
-    for _ in range(steps - 1):
-        if generator.is_done():
-            break
-        generator.generate_next_token()
-    del generator
-    return first
-
-
 def measure(model_dir: Path, provider: str, batch: int, max_length: int, prompt: int, steps: int) -> dict[str, Any]:
     """Memory before load, after load, and at the peak of one full batch (cpu: RSS; cuda: the device's used memory)."""
     if provider != "cpu":
@@ -132,15 +104,18 @@ def measure(model_dir: Path, provider: str, batch: int, max_length: int, prompt:
     read = _rss if provider == "cpu" else _device_used()
     started = _rss()
     device_start = read()
+    backend = backend_for_folder(model_dir)
     t0 = time.perf_counter()
-    model = _load(model_dir, provider)
+    probe = backend.batch_probe(model_dir, provider)
+    if probe is None:
+        raise SystemExit(f"the {backend.id} backend cannot be measured in-process on {provider}")
     load_s = time.perf_counter() - t0
     _release_free_heap()
     loaded = read()
     rss_loaded = _rss()
     kernel_peak = provider == "cpu" and _reset_peak_rss()
     with PeakSampler(read) as sampler:
-        ttft = _generate(model, batch, max_length, prompt, steps)
+        ttft = probe.run(batch, max_length, prompt, steps)
     peak = max(sampler.peak, (_peak_rss() or 0) if kernel_peak else 0)
     return {"provider": provider, "batch": batch, "max_length": max_length, "prompt_tokens": prompt,
             "rss_start": started, "rss_loaded": rss_loaded, "start": device_start, "loaded": loaded,

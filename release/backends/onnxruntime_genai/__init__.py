@@ -13,7 +13,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from release.backends.base import Backend, Deploy, ExportResult, Flavour, LoadedModel, MemoryFacts, Support
+from release.backends.base import (
+    Backend,
+    BatchProbe,
+    Deploy,
+    ExportResult,
+    Flavour,
+    LoadedModel,
+    MemoryFacts,
+    Support,
+)
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -95,6 +104,13 @@ class OnnxruntimeGenaiBackend(Backend):
         facts = read_model_folder(model_dir, {}, declared_precision)
         return MemoryFacts(weights_bytes=facts.weights_bytes, kv_dtype_bytes=facts.kv_dtype_bytes,
                            precision=facts.precision, provider=facts.provider)
+
+    def batch_probe(self, model_dir: Path, provider: str) -> BatchProbe | None:
+        from release.backends.onnxruntime_genai.measure import GenaiBatchProbe, cuda_available  # noqa: PLC0415
+
+        if provider == "cuda" and not cuda_available():
+            return None
+        return GenaiBatchProbe(model_dir, provider)
 
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
         from release.backends.onnxruntime_genai.runner import GenaiRunner  # noqa: PLC0415 - native libraries
