@@ -76,13 +76,27 @@ class ReleaseRun:
 
     def log_onnx_model(self, model_path: Path, extra_files: list[str], requirements: list[str]) -> LoggedModelRef:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
-        TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc."""
+        TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc.
+
+        The weights are never loaded: MLflow serializes the graph alone (its initializers still point at their
+        external-data files), and those files are copied beside it as they are. Registering a model costs a
+        file copy, not the model's size in memory (onnx.load of an 8B graph holds 16-32 GB)."""
         import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
 
-        info = mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model",
-                                     signature=onnx_signature(model_path), pip_requirements=requirements,
-                                     extra_files=extra_files)
-        return LoggedModelRef(str(info.model_uri), getattr(info, "model_id", None))
+        graph = onnx.load(str(model_path), load_external_data=False)
+        with _writing("log the ONNX model"):
+            info = mlflow.onnx.log_model(onnx_model=graph, name="model", signature=onnx_signature(model_path),
+                                         pip_requirements=requirements, extra_files=extra_files,
+                                         save_as_external_data=False)
+            model_id = getattr(info, "model_id", None)
+            data_files = sorted({entry.value for tensor in graph.graph.initializer for entry in tensor.external_data
+                                 if entry.key == "location"})
+            if data_files and model_id is None:
+                raise RegistryError("this MLflow has no LoggedModel to hold the ONNX external data",
+                                    hint="use MLflow 3 (relctl pins mlflow>=3.17)")
+            for name in data_files:
+                MlflowClient().log_model_artifact(str(model_id), str(model_path.parent / name))
+        return LoggedModelRef(str(info.model_uri), model_id)
 
     def log_files_model(self, files: list[Path], flavour: dict[str, Any]) -> LoggedModelRef:
         """A LoggedModel (linked to this run) whose artifacts are `files` and an MLmodel naming the `relctl`
