@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from release.config import ServingConfig
-from release.memory import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
+from release.memory.compat import estimate_memory, folder_kv_dtype_bytes, folder_weights_bytes
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
