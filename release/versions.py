@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from release.errors import InputError, RegistryError
 from release.registry import Registry
 from release.registry import tags as T
 from release.stages.package import PackageManifest, verify_package
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 PACKAGE_ARTIFACT = "package"
 
@@ -26,8 +30,10 @@ def package_uri(tags: dict[str, str]) -> str | None:
     return f"runs:/{release_run}/{PACKAGE_ARTIFACT}" if release_run else None
 
 
-def fetch_package(registry: Registry, name: str, version: str, dest: Path) -> PackageManifest:
-    mv = registry.get_version(name, version)
+def fetch_package(registry: Registry, name: str, version: str, dest: Path,
+                  mv: ModelVersion | None = None) -> PackageManifest:
+    """`mv`: the version when the caller has read it already (not read again)."""
+    mv = mv or registry.get_version(name, version)
     uri = package_uri(dict(mv.tags))
     if not uri:
         raise RegistryError(f"{name} v{version} has no {T.RELEASE_RUN} tag; it was not registered by relctl")

@@ -16,11 +16,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
-import numpy as np
-import onnx
 import psutil
 from mlflow.entities import RunStatus
 from mlflow.models.signature import ModelSignature
@@ -28,6 +26,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.types.schema import Schema, TensorSpec
 
 from release.registry import tags as T
+
+if TYPE_CHECKING:
+    import onnx
 
 RELEASE_EXPERIMENT = "relctl-releases"
 
@@ -58,6 +59,7 @@ class ReleaseRun:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
         TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc."""
         import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
+        import onnx  # noqa: PLC0415 - as above: status, history and trace read the registry without onnx
 
         return mlflow.onnx.log_model(onnx_model=onnx.load(str(model_path)), name="model",
                                      signature=onnx_signature(model_path), pip_requirements=runtime_requirements(),
@@ -66,6 +68,9 @@ class ReleaseRun:
 
 def onnx_signature(model_path: Path) -> ModelSignature:
     """Named TensorSpecs for every graph input and output; symbolic dims become -1."""
+    import numpy as np  # noqa: PLC0415 - onnx (and ml_dtypes) cost ~0.7 s; only registering a version needs them
+    import onnx  # noqa: PLC0415 - as above
+
     graph = onnx.load(str(model_path), load_external_data=False).graph
 
     def spec(value: onnx.ValueInfoProto) -> TensorSpec:
