@@ -56,6 +56,7 @@ from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import MANIFEST, PackageInputs, PackageManifest, PackageStage, verify_package
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
 from release.store import Store
+from release.units import size
 
 
 class Promotion:
@@ -142,8 +143,8 @@ class Promotion:
         report.memory = memory.result.estimate
         if not memory.result.fits:
             e = memory.result.estimate
-            reason = (f"memory plan does not fit: peak {e['peak_bytes'] / 2**30:.2f} GiB > "
-                      f"{e['capacity_bytes'] / 2**30:.2f} GiB at {e['concurrency']} x {e['context_tokens']} tokens "
+            reason = (f"memory plan does not fit: peak {size(e['peak_bytes'])} > "
+                      f"{size(e['capacity_bytes'])} at {e['concurrency']} x {e['context_tokens']} tokens "
                       f"(x{e['rollout_replicas']} replicas during a rollout); at most {e['max_concurrency']} "
                       "concurrent sequences fit")
             report.block([reason])

@@ -10,8 +10,9 @@ import click
 
 from release.cli_support import Ctx, emit, handled, json_option
 from release.errors import InputError
-from release.memory.plan import GIB, KV_DTYPE_BYTES, Target
+from release.memory.plan import KV_DTYPE_BYTES, Target
 from release.memory.shape import PRECISIONS, Precision, Provider
+from release.units import size
 
 # plan.py and shape.py above are plain Python (the formula and the choices); the rest reads packages with
 # onnx, so the command imports it when it runs, never `relctl --help` (tests/cli/test_startup.py).
@@ -87,7 +88,7 @@ def _target(gpu_name: str | None, memory_gib: float | None, concurrency: int, co
 
 
 def _gib(value: int) -> str:
-    return f"{value / GIB:9.2f} GiB"
+    return size(value, width=9)
 
 
 def _print(plan: MemoryPlan, plot: Any) -> None:
@@ -105,7 +106,7 @@ def _print(plan: MemoryPlan, plot: Any) -> None:
         click.echo(f"  note: the workspace assumes all {t.concurrency} sequences prefill {t.context} tokens at once "
                    "(onnxruntime-genai's batch); --prefill-tokens plans shorter prompts")
     for alt in plan.alternatives:
-        click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {alt.peak_bytes / GIB:9.2f} GiB, "
+        click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {size(alt.peak_bytes, width=9)}, "
                    f"max concurrency {alt.max_concurrency} at {t.context}, max context {alt.max_context} "
                    f"at {t.concurrency}")
     if plot:
