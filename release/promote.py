@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from release import links
+from release.advice import after_validation_failure
 from release.config import ReleaseConfig
 from release.contract import check_run
 from release.errors import Blocked, ConfigError, InputError, InputProblems, ReleaseError
@@ -136,7 +137,7 @@ class Promotion:
         if not validation.result.passed:
             report.block(validation.result.failures)
             raise Blocked(f"validation failed: {validation.result.failures[0]}",
-                          hint="see the release report; choose another precision or relax validation thresholds")
+                          hint=after_validation_failure(self.cfg.convert.precision))
         memory = pipe.run(MemoryStage(MemoryInputs(
             candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
             runtime_dir=candidate.path(candidate.result.model), config_path=checkpoint / "config.json")))
