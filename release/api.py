@@ -1,26 +1,28 @@
-"""One function per command. The CLI parses and prints; everything it does happens here."""
+"""One function per command. The CLI parses and prints; everything it does happens here.
+
+Only what the read commands (status, history, trace) need is imported here; the pipeline, the gates and the
+config are imported by the functions that use them, so a read starts with mlflow and nothing else heavy
+(benchmarks/cli_latency.py).
+"""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from release import links
-from release.config import CONFIG_FILE, load_config
-from release.contract import check_run
-from release.core.package import LEGACY_BACKEND, verify_package
+from release.core.package import LEGACY_BACKEND
 from release.errors import InputError, RegistryError
-from release.gating.plugins import load_gates
 from release.model_name import check_model_name
-from release.progress import Progress
-from release.promote import Promotion
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
+from release.registry.aliases import history_from_tags
 from release.registry.store import connect, resolve_store
-from release.report import ReleaseReport
-from release.stages.register import register_package
-from release.versions import fetch_package
+
+if TYPE_CHECKING:
+    from release.progress import Progress
+    from release.report import ReleaseReport
 
 
 def open_registry(project_dir: Path) -> Registry:
@@ -42,6 +44,10 @@ def promote(
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
+    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - the whole pipeline: not for the read commands
+    from release.progress import Progress  # noqa: PLC0415 - as above
+    from release.promote import Promotion  # noqa: PLC0415 - as above
+
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
@@ -53,6 +59,10 @@ def promote(
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
     """The run contract for `run_id` under this project's release.yaml (release.contract)."""
+    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the other reads
+    from release.contract import check_run  # noqa: PLC0415 - as above
+    from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
+
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path)
@@ -69,6 +79,9 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
+    from release.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
+    from release.versions import fetch_package  # noqa: PLC0415 - as above
+
     registry = open_registry(project_dir)
     registry.require_model(model)
     for note in registry.reap_dead_runs(model):
@@ -110,16 +123,21 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
     """Register a package as a new version of `model` (checksums verified first); optionally production."""
     check_model_name(model, "--model")
+    from release.core.package import verify_package  # noqa: PLC0415 - not for the read commands
+    from release.stages.register import register_package  # noqa: PLC0415 - a stage: as above
+
     package = verify_package(package_dir)
     return register_package(open_registry(project_dir), package, model, production)
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:
+    """The alias history: one read of the registered model (its tags hold it), unless a move is pending."""
     check_model_name(model, "model")
     registry = open_registry(project_dir)
-    registry.require_model(model)
-    registry.repair(model)
-    return registry.history(model)
+    record = registry.read_model(model)
+    if registry.sweep_if_pending(record):
+        return registry.history(model)
+    return history_from_tags(dict(record.tags))
 
 
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
@@ -129,18 +147,20 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     registry = open_registry(project_dir)
     if model is None:
         return {"models": registry.list_models()}
-    registry.require_model(model)
-    registry.reap_dead_runs(model)
-    registry.repair(model)
+    # One read for the aliases; per alias its version, its release run and (MLflow 3) its LoggedModel.
+    record = registry.read_model(model)
+    if registry.sweep_if_pending(record):
+        record = registry.read_model(model)
     out: dict[str, Any] = {"schema_version": 2, "model": model, "aliases": {}}
-    for alias, version in sorted(registry.aliases(model).items()):
+    for alias, version in sorted((a, str(v)) for a, v in record.aliases.items()):
         try:
             mv = registry.get_version(model, version)
         except Exception as exc:  # an alias to a deleted version is worth showing, not crashing on
             raise RegistryError(f"{model}@{alias} points at v{version}, which cannot be read: {exc}") from exc
         tags = dict(mv.tags)
-        metrics, _ = registry.recorded_numbers(mv)
-        lineage = {**registry.get_run(tags[T.RELEASE_RUN]).tags, **tags} if T.RELEASE_RUN in tags else tags
+        run = registry.get_run(tags[T.RELEASE_RUN]) if T.RELEASE_RUN in tags else None
+        metrics, _ = registry.recorded_numbers(mv, run)
+        lineage = {**run.tags, **tags} if run is not None else tags
         out["aliases"][alias] = {
             "version": version,
             "created": mv.creation_timestamp,

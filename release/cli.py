@@ -13,7 +13,6 @@ from release import __version__
 from release.cli_support import Ctx, emit, fail, handled, json_option
 from release.errors import InputError
 from release.failure import raise_on_sigterm
-from release.progress import Progress
 
 GLOBAL_FLAGS = ("-q", "--quiet", "--traceback")
 GLOBAL_WITH_VALUE = ("--project-dir",)
@@ -91,6 +90,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
             dry_run: bool, summary_path: Path | None, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release import api
+    from release.progress import Progress
 
     ctx.as_json = as_json
     overrides: dict[str, Any] = {}

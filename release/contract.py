@@ -76,7 +76,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
     if bad_name is not None:
         report.problems.append(bad_name)
     ckpt = cfg.source.artifact_path
-    files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt)}
+    files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt, run)}
     report.found["checkpoint"] = bool(files)
 
     def need(ok: bool, message: str, hint: str) -> None:
@@ -108,7 +108,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         if "adapter_config.json" in files:
             need("adapter_model.safetensors" in files, f"{ckpt}/adapter_config.json has no adapter_model.safetensors",
                  "save the adapter with save_pretrained(..., safe_serialization=True)")
-    listed = {p for folder in ("validation", "data") for p in registry.list_artifacts(run_id, folder)}
+    listed = {p for folder in ("validation", "data") for p in registry.list_artifacts(run_id, folder, run)}
     report.found["prompts"] = PROMPTS_ARTIFACT in listed
     if cfg.validation.prompts is None:
         need(PROMPTS_ARTIFACT in listed, f"run '{run_id}' has no validation prompts ({PROMPTS_ARTIFACT})",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from release import links
+from release.advice import after_validation_failure
 from release.backends import Backend
 from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
@@ -61,6 +62,7 @@ from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
+from release.units import size
 
 
 class Promotion:
@@ -167,7 +169,7 @@ class Promotion:
         if not validation.result.passed:
             report.block(validation.result.failures)
             raise Blocked(f"validation failed: {validation.result.failures[0]}",
-                          hint="see the release report; choose another precision or relax validation thresholds")
+                          hint=after_validation_failure(self.cfg.convert.precision))
         memory = pipe.run(MemoryStage(MemoryInputs(
             candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
             backend=candidate.result.backend, runtime_dir=candidate.path(candidate.result.model),
@@ -175,8 +177,8 @@ class Promotion:
         report.memory = memory.result.estimate
         if not memory.result.fits:
             e = memory.result.estimate
-            reason = (f"memory plan does not fit: peak {e['peak_bytes'] / 2**30:.2f} GiB > "
-                      f"{e['capacity_bytes'] / 2**30:.2f} GiB at {e['concurrency']} x {e['context_tokens']} tokens "
+            reason = (f"memory plan does not fit: peak {size(e['peak_bytes'])} > "
+                      f"{size(e['capacity_bytes'])} at {e['concurrency']} x {e['context_tokens']} tokens "
                       f"(x{e['rollout_replicas']} replicas during a rollout); at most {e['max_concurrency']} "
                       "concurrent sequences fit")
             report.block([reason])

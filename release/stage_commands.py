@@ -5,14 +5,30 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from release.cli_support import Ctx, emit, handled, json_option
-from release.pipeline import run_standalone
+
+if TYPE_CHECKING:
+    from release.stages.base import Stage, StageResult
 
 existing_dir = click.Path(exists=True, file_okay=False, path_type=Path)
 new_dir = click.Path(file_okay=False, path_type=Path)
+
+
+R = TypeVar("R", bound="StageResult")
+
+
+def run_standalone(stage: Stage[Any, R], out: Path) -> R:
+    """release.pipeline.run_standalone, imported when a stage command runs: the pipeline brings pydantic
+    and rich, the stages onnx and mlflow, none of which `relctl --help` needs (tests/cli/test_startup.py)."""
+    from release.pipeline import run_standalone as run
+
+    return run(stage, out)
+
+
 # Precisions and backends are the installed backends' (checked when the stage runs; `relctl backends` lists
 # them): no list here, so a new backend needs no edit and --help loads no backend.
 PRECISION_HELP = "Serving precision (one an installed backend builds: relctl backends)."

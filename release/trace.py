@@ -71,7 +71,7 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
     out: dict[str, Any] = {"schema_version": 1, "model": model, "version": version,
                            "model_uri": links.model_uri(model, version),
                            "link": links.version_link(uri, model, version),
-                           "aliases": sorted(a for a, v in registry.aliases(model).items() if v == version),
+                           "aliases": sorted(mv.aliases),  # the version carries its aliases: no read of the model
                            "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH), "precision": tags.get(T.PRECISION)}
     if served_config is not None and served_config != tags.get(T.SERVING_CONFIG_HASH):
         out["serving_config_mismatch"] = f"the response said {served_config}, the version records " \
@@ -101,7 +101,7 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
     out["config_sha256"] = lineage.get(T.CONFIG_SHA256)
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            fetch_package(registry, model, version, Path(tmp))
+            fetch_package(registry, model, version, Path(tmp), mv)
             out["integrity"] = {"ok": True, "checked": f"every file against the manifest recorded at release "
                                                        f"({tags.get(T.MANIFEST_SHA256, '')[:16]})"}
         except InputError as exc:

@@ -14,6 +14,7 @@ from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_packa
 from release.errors import InputError, RegistryError
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.records import VersionRecord
 
 
 def package_uri(tags: dict[str, str]) -> str | None:
@@ -24,8 +25,10 @@ def package_uri(tags: dict[str, str]) -> str | None:
     return f"runs:/{release_run}/{PACKAGE_ARTIFACT}" if release_run else None
 
 
-def fetch_package(registry: Registry, name: str, version: str, dest: Path) -> PackageManifest:
-    mv = registry.get_version(name, version)
+def fetch_package(registry: Registry, name: str, version: str, dest: Path,
+                  mv: VersionRecord | None = None) -> PackageManifest:
+    """`mv`: the version when the caller has read it already (not read again)."""
+    mv = mv or registry.get_version(name, version)
     uri = package_uri(dict(mv.tags))
     if not uri:
         raise RegistryError(f"{name} v{version} has no {T.RELEASE_RUN} tag; it was not registered by relctl")

@@ -12,22 +12,27 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from pydantic import ValidationError
 
-from release.canary.runner import CanaryResult, run_canary
-from release.canary.servers import served
-from release.canary.settings import CanaryConfig
 from release.cli_support import Ctx, emit, handled, json_option
 from release.config import gate_settings
 from release.errors import Blocked, ConfigError, InputError
-from release.serving.loadgen.bench import check_url
+
+# The runner pulls in scipy (the judge), aiohttp and the router: only `relctl canary` itself pays for them,
+# never `relctl --help` (tests/cli/test_startup.py).
+if TYPE_CHECKING:
+    from release.canary.runner import CanaryResult
+    from release.canary.settings import CanaryConfig
 
 
 def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConfig, Path | None]:
     """The `gates.canary` block of `path` (default: the project's release.yaml, if any), else defaults."""
+    from pydantic import ValidationError
+
+    from release.canary.settings import CanaryConfig
+
     candidate = path or project_dir / "release.yaml"
     if not candidate.is_file():
         if path is not None:
@@ -46,6 +51,10 @@ def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConf
 def apply_options(config: CanaryConfig, steps: str | None, step_requests: int | None, rate: float | None,
                   dataset: Path | None, shadow: bool, confidence: float | None) -> CanaryConfig:
     """Command-line options over the release.yaml block (validated the same way)."""
+    from pydantic import ValidationError
+
+    from release.canary.settings import CanaryConfig
+
     data: dict[str, Any] = config.model_dump()
     if steps is not None:
         try:
@@ -94,6 +103,10 @@ def canary_command(ctx: Ctx, model: str | None, production_url: str | None, cand
                    dataset: Path | None, shadow: bool, confidence: float | None, out: Path | None,
                    as_json: bool) -> None:
     """Judge a candidate against production under the same live traffic; exit 1 unless it passes."""
+    from release.canary.runner import run_canary
+    from release.canary.servers import served
+    from release.serving.loadgen.bench import check_url
+
     ctx.as_json = as_json
     config, base_dir = load_canary_config(config_path, ctx.project_dir)
     config = apply_options(config, steps, step_requests, rate, dataset, shadow, confidence)

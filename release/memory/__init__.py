@@ -10,38 +10,7 @@ catalogue.py  the GPU catalogue (gpus.json + release.yaml additions)
 measure.py    RSS / device memory and cold start, in worker processes (worker.py)
 gpu_env.py    one ONNX Runtime build per environment; the CUDA provider really in use
 compat.py     the validate stage's estimate from `serving:` (estimate_memory), kept for promote
+
+Nothing is imported here: `relctl plan --help` reads its choices from plan.py and shape.py, and importing
+the package must not load onnx (package.py) on the way (tests/cli/test_startup.py).
 """
-
-from __future__ import annotations
-
-from release.memory.compat import (
-    GIB,
-    MemoryEstimate,
-    MemoryMeasurement,
-    estimate_memory,
-    folder_kv_dtype_bytes,
-    folder_weights_bytes,
-    kv_geometry,
-    measure_memory,
-)
-from release.memory.plan import Breakdown, ModelSpec, Target, breakdown
-from release.memory.verdict import MemoryPlan, load_spec, make_plan, spec_from_folder
-
-__all__ = [
-    "GIB",
-    "Breakdown",
-    "MemoryEstimate",
-    "MemoryMeasurement",
-    "MemoryPlan",
-    "ModelSpec",
-    "Target",
-    "breakdown",
-    "estimate_memory",
-    "folder_kv_dtype_bytes",
-    "folder_weights_bytes",
-    "kv_geometry",
-    "load_spec",
-    "make_plan",
-    "measure_memory",
-    "spec_from_folder",
-]

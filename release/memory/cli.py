@@ -4,17 +4,21 @@ what would."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from release.cli_support import Ctx, emit, handled, json_option
 from release.errors import InputError
-from release.memory.catalogue import find_gpu, load_catalogue
-from release.memory.plan import GIB, KV_DTYPE_BYTES, Target, check_context, parameters
-from release.memory.settings import project_catalogue
+from release.memory.plan import KV_DTYPE_BYTES, Target, check_context, parameters
 from release.memory.shape import PRECISIONS, Precision, Provider
-from release.memory.verdict import MemoryPlan, load_spec, make_plan
+from release.units import size
+
+# plan.py and shape.py above are plain Python (the formula and the choices); the rest reads packages with
+# onnx, so the command imports it when it runs, never `relctl --help` (tests/cli/test_startup.py).
+
+if TYPE_CHECKING:
+    from release.memory.verdict import MemoryPlan
 
 
 def _project_dir() -> Path:
@@ -58,6 +62,8 @@ def plan_command(source: Path, gpu_name: str | None, memory_gib: float | None, c
     """Memory plan of SOURCE (a package folder or a Hugging Face config.json) on a target: weights, KV
     cache, workspace, overhead and rollout overlap; the verdict; the largest concurrency and context that
     fit; the precision that fits. Exit 0 fits, 1 does not fit, 2 bad input."""
+    from release.memory.verdict import load_spec, make_plan
+
     ctx = click.get_current_context().find_object(Ctx)
     if ctx is not None:
         ctx.as_json = as_json
@@ -86,6 +92,9 @@ def _target(gpu_name: str | None, memory_gib: float | None, concurrency: int, co
                          hint="e.g. --gpu H100-80GB, or --memory-gib 80")
     name, price = None, None
     if gpu_name is not None:
+        from release.memory.catalogue import find_gpu, load_catalogue
+        from release.memory.settings import project_catalogue
+
         gpu = find_gpu(gpu_name, load_catalogue(project_catalogue(_project_dir() / "release.yaml")))
         name, memory_gib, price = gpu.name, gpu.memory_gib, gpu.price_per_hour
     assert memory_gib is not None
@@ -95,7 +104,7 @@ def _target(gpu_name: str | None, memory_gib: float | None, concurrency: int, co
 
 
 def _gib(value: int) -> str:
-    return f"{value / GIB:9.2f} GiB"
+    return size(value, width=9)
 
 
 def _model_line(plan: MemoryPlan) -> str:
@@ -130,7 +139,7 @@ def _print(plan: MemoryPlan, plot: Any) -> None:
         click.echo(f"  note: the workspace assumes all {t.concurrency} sequences prefill {t.context} tokens at once "
                    "(onnxruntime-genai's batch); --prefill-tokens plans shorter prompts")
     for alt in plan.alternatives:
-        click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {alt.peak_bytes / GIB:9.2f} GiB, "
+        click.echo(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {size(alt.peak_bytes, width=9)}, "
                    f"max concurrency {alt.max_concurrency} at {t.context}, max context {alt.max_context} "
                    f"at {t.concurrency}")
     if plot:

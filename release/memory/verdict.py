@@ -9,7 +9,6 @@ from typing import Any
 
 from release.memory.package import PackageFacts, read_config_file, read_model_folder, read_package
 from release.memory.plan import (
-    GIB,
     VALID,
     Breakdown,
     ModelSpec,
@@ -22,6 +21,7 @@ from release.memory.plan import (
     spec_at,
 )
 from release.memory.shape import Precision, Provider, shape_from_config
+from release.units import size
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ class MemoryPlan:
     def summary(self) -> str:
         """One line: the verdict and what would fit instead."""
         t, b = self.target, self.breakdown
-        head = (f"{self.spec.precision} at {t.concurrency} x {t.context} tokens needs {b.peak / GIB:.1f} GiB, "
-                f"budget {b.budget / GIB:.1f} GiB ({_devices(t)}, {t.headroom:.0%} headroom)")
+        head = (f"{self.spec.precision} at {t.concurrency} x {t.context} tokens needs {size(b.peak)}, "
+                f"budget {size(b.budget)} ({_devices(t)}, {t.headroom:.0%} headroom)")
         if self.fits:
             return f"fits: {head}; up to {self.max_concurrency} sequences at {t.context} tokens"
         other = self.precision_that_fits

@@ -61,7 +61,16 @@ def _new_key(at: str) -> str:
 
 def read_history(client: MlflowClient, name: str, include_abandoned: bool = False) -> list[AliasMove]:
     """Every recorded move of `name`, oldest first (by the key's UTC timestamp)."""
-    tags = client.get_registered_model(name).tags
+    return history_from_tags(client.get_registered_model(name).tags, include_abandoned)
+
+
+def has_pending(tags: dict[str, str]) -> bool:
+    """Whether the registered model's tags hold a move a dead process left half-done."""
+    return any(m.state == "pending" for m in history_from_tags(tags, include_abandoned=True))
+
+
+def history_from_tags(tags: dict[str, str], include_abandoned: bool = False) -> list[AliasMove]:
+    """The moves recorded in a registered model's tags (already read: a reader needs no second query)."""
     moves = []
     for key in sorted(k for k in tags if k.startswith(T.HISTORY_PREFIX)):
         data: dict[str, Any] = json.loads(tags[key])

@@ -26,7 +26,14 @@ from release.registry import lock as lk
 from release.registry import runs, states
 from release.registry import tags as T
 from release.registry.model_page import model_page
-from release.registry.records import RunRecord, VersionRecord, run_record, version_record
+from release.registry.records import (
+    ModelRecord,
+    RunRecord,
+    VersionRecord,
+    model_record,
+    run_record,
+    version_record,
+)
 from release.registry.store import Store, ensure_experiment
 
 PRODUCTION = "production"
@@ -107,9 +114,22 @@ class Registry:
     def experiment_name(self, experiment_id: str) -> str:
         return str(self.client.get_experiment(experiment_id).name)
 
-    def list_artifacts(self, run_id: str, path: str) -> list[str]:
+    def list_artifacts(self, run_id: str, path: str, run: RunRecord | None = None) -> list[str]:
+        """Artifact paths directly under `path`. With `run` (already read), its own artifact store is listed
+        directly: MLflow's run listing reads the run again and searches its LoggedModels on every call.
+        Only an empty answer asks MLflow the long way (a checkpoint logged as a LoggedModel)."""
+        relative = safe_artifact_path(path)
         try:
-            return [a.path for a in self.client.list_artifacts(run_id, safe_artifact_path(path))]
+            if run is not None:
+                from mlflow.store.artifact.artifact_repository_registry import (  # noqa: PLC0415 - loaded by mlflow
+                    get_artifact_repository,
+                )
+
+                repo = get_artifact_repository(run.artifact_uri, tracking_uri=self.store.tracking_uri)
+                own = [a.path for a in repo.list_artifacts(relative)]
+                if own:
+                    return own
+            return [a.path for a in self.client.list_artifacts(run_id, relative)]
         except MlflowException as exc:
             raise RegistryError(f"cannot list artifacts of run '{run_id}': {exc.message}") from exc
 
@@ -188,6 +208,28 @@ class Registry:
                 f"registered model '{name}' not found in {self.store.display_uri}",
                 hint="run `relctl status` without a name to list models, or promote a run first",
             )
+
+    def read_model(self, name: str) -> ModelRecord:
+        """`name` in one query: its aliases and its tags (the alias history); InputError when it does not exist.
+
+        The read commands start here and query nothing else about the model unless a move is pending."""
+        try:
+            return model_record(self.client.get_registered_model(name))
+        except MlflowException as exc:
+            if _not_found(exc):
+                raise InputError(
+                    f"registered model '{name}' not found in {self.store.display_uri}",
+                    hint="run `relctl status` without a name to list models, or promote a run first",
+                ) from exc
+            raise RegistryError(f"cannot read registered model '{name}': {exc.message}") from exc
+
+    def sweep_if_pending(self, model: ModelRecord) -> list[str]:
+        """Reap dead release runs and repair half-done moves, only when `model` (just read) has a pending
+        move: a crashed process leaves one before it moves any alias, so a model without one has nothing to
+        repair, and a reader skips the lock, the runs search and the rewrite of the model page."""
+        if not al.has_pending(dict(model.tags)):
+            return []
+        return [*self.reap_dead_runs(model.name), *self.repair(model.name)]
 
     def list_models(self) -> list[str]:
         # Only a proven lease is hidden: a model someone named `relctl.lock.*` in MLflow is still listed.
@@ -282,10 +324,12 @@ class Registry:
         except MlflowException as exc:
             raise RegistryError(f"cannot record the metrics of {mv.name} v{mv.version}: {exc.message}") from exc
 
-    def recorded_numbers(self, mv: VersionRecord) -> tuple[dict[str, float], dict[str, str]]:
+    def recorded_numbers(self, mv: VersionRecord, run: RunRecord | None = None
+                         ) -> tuple[dict[str, float], dict[str, str]]:
         """The newest value of each metric recorded for the version, and its LoggedModel's tags.
 
-        Versions registered before metrics moved off tags carry their numbers as tags: read those too."""
+        Versions registered before metrics moved off tags carry their numbers as tags: read those too.
+        `run`: the version's release run when the caller has read it already (not read again)."""
         legacy = {k: _float(v) for k, v in mv.tags.items()
                   if k.startswith((T.VALIDATION_PREFIX, T.GATE_PREFIX)) and not T.is_version_tag(k)}
         metrics = {k: v for k, v in legacy.items() if v is not None}
@@ -304,7 +348,9 @@ class Registry:
             details |= {k: v for k, v in (logged.tags or {}).items() if not k.startswith("mlflow.")}
         elif mv.run_id:  # no LoggedModel: record_numbers logged them to the release run
             prefixes = (T.VALIDATION_PREFIX, T.GATE_PREFIX, T.MEMORY_PREFIX)
-            metrics |= {k: float(v) for k, v in self.get_run(mv.run_id).metrics.items() if k.startswith(prefixes)}
+            if run is None or run.run_id != mv.run_id:
+                run = self.get_run(mv.run_id)
+            metrics |= {k: float(v) for k, v in run.metrics.items() if k.startswith(prefixes)}
         return metrics, details
 
     def set_description(self, name: str, version: str, description: str) -> None:

@@ -38,6 +38,21 @@ class VersionRecord:
     creation_timestamp: int | None = None
     description: str = ""
     model_id: str | None = None
+    aliases: list[str] = field(default_factory=list)   # filled by a single-version read, not by a search
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A registered model: its aliases (alias -> version) and its tags (the alias history lives there)."""
+
+    name: str
+    aliases: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def model_record(model: Any) -> ModelRecord:
+    return ModelRecord(name=str(model.name), aliases={a: str(v) for a, v in (model.aliases or {}).items()},
+                       tags=dict(model.tags or {}))
 
 
 def run_record(run: Any) -> RunRecord:
@@ -55,4 +70,5 @@ def run_record(run: Any) -> RunRecord:
 def version_record(mv: Any) -> VersionRecord:
     return VersionRecord(name=str(mv.name), version=str(mv.version), tags=dict(mv.tags or {}),
                          source=str(mv.source or ""), run_id=mv.run_id, creation_timestamp=mv.creation_timestamp,
-                         description=str(mv.description or ""), model_id=getattr(mv, "model_id", None))
+                         description=str(mv.description or ""), model_id=getattr(mv, "model_id", None),
+                         aliases=[str(a) for a in (getattr(mv, "aliases", None) or [])])

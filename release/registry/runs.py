@@ -17,11 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
-import numpy as np
-import onnx
 import psutil
 from mlflow.entities import RunStatus
 from mlflow.exceptions import MlflowException
@@ -33,6 +31,9 @@ from mlflow.types.schema import Schema, TensorSpec
 from release.errors import RegistryError
 from release.registry import filters
 from release.registry import tags as T
+
+if TYPE_CHECKING:
+    import onnx
 
 RELEASE_EXPERIMENT = "relctl-releases"
 
@@ -82,6 +83,7 @@ class ReleaseRun:
         external-data files), and those files are copied beside it as they are. Registering a model costs a
         file copy, not the model's size in memory (onnx.load of an 8B graph holds 16-32 GB)."""
         import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
+        import onnx  # noqa: PLC0415 - as above: status, history and trace read the registry without onnx
 
         graph = onnx.load(str(model_path), load_external_data=False)
         with _writing("log the ONNX model"):
@@ -124,6 +126,9 @@ class LoggedModelRef:
 
 def onnx_signature(model_path: Path) -> ModelSignature:
     """Named TensorSpecs for every graph input and output; symbolic dims become -1."""
+    import numpy as np  # noqa: PLC0415 - onnx (and ml_dtypes) cost ~0.7 s; only registering a version needs them
+    import onnx  # noqa: PLC0415 - as above
+
     graph = onnx.load(str(model_path), load_external_data=False).graph
 
     def spec(value: onnx.ValueInfoProto) -> TensorSpec:

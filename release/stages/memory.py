@@ -15,8 +15,9 @@ from pydantic import Field
 
 from release.backends import get_backend
 from release.config import ServingConfig
-from release.memory import estimate_memory
+from release.memory.compat import estimate_memory
 from release.stages.base import Stage, StageInputs, StageResult, location
+from release.units import size
 
 MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
 
@@ -54,5 +55,5 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
     def summary(self, result: MemoryResult) -> str:
         e = result.estimate
         verdict = "fits" if result.fits else "DOES NOT FIT"
-        return (f"{verdict}: peak {e['peak_bytes'] / 2**30:.2f} GiB of {e['capacity_bytes'] / 2**30:.1f} GiB "
+        return (f"{verdict}: peak {size(e['peak_bytes'])} of {size(e['capacity_bytes'])} "
                 f"at {e['concurrency']} x {e['context_tokens']} tokens, max concurrency {e['max_concurrency']}")

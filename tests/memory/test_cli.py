@@ -106,3 +106,28 @@ def test_a_package_is_planned_from_its_own_initializers(tmp_path: Path, built: d
     assert data["breakdown"]["weights"] == read_package(built["int4"]).weights_bytes
     fp32 = next(a for a in data["alternatives"] if a["precision"] == "fp32")
     assert fp32["weights_source"] == "config"  # other precisions: the builder layout from source/config.json
+
+
+def test_a_tiny_model_shows_its_sizes_in_a_unit_that_shows_them(tmp_path: Path) -> None:
+    # A model the size of the tiny example (hundreds of KiB of weights), which "0.00 GiB" hid.
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 64,
+                                  "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "num_key_value_heads": 4, "torch_dtype": "float32",
+                                  "max_position_embeddings": 128}))
+    code, out, _ = plan(str(config), "--memory-gib", "1", "--concurrency", "2", "--context", "64", "--precision",
+                        "fp32", project=tmp_path)
+    assert code == 0, out
+    assert "0.00 GiB" not in out and "0.0 GiB" not in out
+    weights = next(line for line in out.splitlines() if line.strip().startswith("weights"))
+    assert weights.endswith(" KiB") and float(weights.split()[1]) >= 1
+    assert "fp32 at 2 x 64 tokens needs" in out and " MiB, budget 921.60 MiB" in out
+
+
+def test_size_picks_the_unit_that_shows_the_figure() -> None:
+    from release.units import size
+
+    assert size(9_000_000) == "8.58 MiB"
+    assert size(3 * 2**30) == "3.00 GiB"
+    assert size(2048) == "2.00 KiB" and size(512) == "512 B"
+    assert size(5 * 2**20, width=9) == "     5.00 MiB"

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from release.config import ServingConfig
 from release.errors import InputError
-from release.memory import (
+from release.memory.compat import (
     GIB,
     estimate_memory,
     folder_kv_dtype_bytes,

@@ -270,9 +270,11 @@ def test_strict_int4_is_blocked_and_production_untouched(story: dict[str, Any], 
     strict.write_text("convert:\n  precision: int4\nvalidation:\n  min_top1_agreement: 0.9999\n  max_mean_kl: 1.0e-9\n")
     result = relctl(project, "promote", story["runs"][1], "--config", str(strict), "--json")
     assert result.exit_code == 1, result.output + result.stderr
-    error = result.stderr.strip().splitlines()[-2]
+    error, hint = result.stderr.strip().splitlines()[-2:]
     assert error.startswith("error: validation failed: ")
     assert "top1_agreement" in error or "mean_kl" in error
+    # The cause is the precision: the hint names the next one up rather than only the thresholds.
+    assert hint.startswith("hint: int4 loses too much against the fp32 reference: int8, the next precision up")
     report = json.loads(result.stdout)
     assert report["outcome"] == "blocked" and report["version"] is None
     assert any("mean_kl" in f for f in report["failures"])
