@@ -69,8 +69,8 @@ def make_project(project: Path) -> tuple[str, str]:
     import mlflow
 
     from release.backends import backend_for_folder
+    from release.core.hashing import sha256_file
     from release.core.package import MANIFEST, build_package
-    from release.hashing import sha256_file
     from release.registry import Registry
     from release.registry import tags as T
     from release.registry.store import connect, ensure_experiment, resolve_store

@@ -15,7 +15,7 @@ from release.canary.result import gate_result
 from release.canary.runner import run_canary
 from release.canary.servers import served
 from release.canary.settings import CanaryConfig
-from release.errors import ReleaseError
+from release.core.errors import ReleaseError
 
 
 class CanaryGate:

@@ -23,7 +23,7 @@ from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
 from gates.thresholds import MetricThreshold, check_metric
 from release.backends.base import LoadedModel
-from release.errors import ConfigError, InputError
+from release.core.errors import ConfigError, InputError
 
 EVIDENCE_FILE = "eval-predictions.jsonl"
 MAX_EXAMPLES = 20

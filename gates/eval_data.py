@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gates.jsonl import Record, read_jsonl
-from release.errors import InputError
-from release.hashing import sha256_file
+from release.core.errors import InputError
+from release.core.hashing import sha256_file
 
 COLUMNS = ("prompt", "expected")
 SCHEMA_HINT = 'every line needs string keys "prompt" and "expected"'

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 @dataclass(frozen=True)

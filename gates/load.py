@@ -20,9 +20,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
+from release.core.errors import InputError, ReleaseError
+from release.core.faults import pause_point
 from release.core.server_settings import ServerSettings
-from release.errors import InputError, ReleaseError
-from release.faults import pause_point
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.runner import Traffic

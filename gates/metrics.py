@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import ClassVar, Protocol, TypeVar
 
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "relctl.metrics"
 T = TypeVar("T")

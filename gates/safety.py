@@ -20,8 +20,8 @@ from gates.base import GateContext, GateResult, GateStatus, Problem, ThresholdCh
 from gates.detectors import Detector, SuiteCase, available_detectors
 from gates.jsonl import read_jsonl
 from gates.packaged import complete, load_package_model
-from release.errors import ConfigError, InputError
-from release.hashing import sha256_file
+from release.core.errors import ConfigError, InputError
+from release.core.hashing import sha256_file
 
 DEFAULT_SUITE = Path(__file__).parent / "suites" / "default-v1.jsonl"
 EVIDENCE_FILE = "safety-failures.jsonl"

@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from release import __version__
-from release.cli_support import Ctx, emit, fail, handled, json_option
-from release.errors import InputError
-from release.failure import raise_on_sigterm
+from release.commands.support import Ctx, emit, fail, handled, json_option
+from release.core.errors import InputError
+from release.pipeline.failure import raise_on_sigterm
 
 GLOBAL_FLAGS = ("-q", "--quiet", "--traceback")
 GLOBAL_WITH_VALUE = ("--project-dir",)
@@ -89,8 +89,8 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
             dry_run: bool, summary_path: Path | None, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
-    from release import api
-    from release.progress import Progress
+    from release.commands import api
+    from release.pipeline.progress import Progress
 
     ctx.as_json = as_json
     overrides: dict[str, Any] = {}
@@ -116,9 +116,9 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
 def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | None, as_json: bool) -> None:
     """From a served response (its X-Relctl-* headers, or its id) back to the training run; exit 1 when the
     package no longer matches what was released."""
-    from release import api
-    from release import trace as tr
-    from release.errors import Blocked
+    from release.commands import trace as tr
+    from release.core.errors import Blocked
+    from release.registry.client import open_registry
 
     if response_id:
         model, version, served = tr.target_from_log(log_dir or ctx.project_dir / ".relctl" / "request-logs",
@@ -129,7 +129,7 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
         (model, version), served = tr.parse_spec(spec), None
     else:
         raise InputError("nothing to trace", hint="pass a headers file, MODEL:VERSION or --response-id ID")
-    chain = tr.trace(api.open_registry(ctx.project_dir), model, version, served)
+    chain = tr.trace(open_registry(ctx.project_dir), model, version, served)
     emit(chain, as_json, lambda: click.echo("\n".join(tr.render(chain))))
     if not chain["integrity"]["ok"]:
         raise Blocked(f"{model} v{version}: {chain['integrity']['problem']}",
@@ -145,8 +145,8 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 @handled
 def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> None:
     """Check RUN_ID against the run contract and release.yaml in seconds: every problem at once (exit 2)."""
-    from release import api
-    from release.errors import InputProblems
+    from release.commands import api
+    from release.core.errors import InputProblems
 
     ctx.as_json = as_json
     report = api.check(run_id, ctx.project_dir, config_path)
@@ -175,7 +175,7 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
 def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_unreleased: bool,
              as_json: bool) -> None:
     """Move MODEL's production alias back to the version it replaced, in one step."""
-    from release import api
+    from release.commands import api
 
     move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
     frm, to = move.changes["production"]
@@ -189,7 +189,7 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
 @handled
 def history(ctx: Ctx, model: str, as_json: bool) -> None:
     """Every alias move of MODEL: when, from, to, why, by which release run."""
-    from release import api
+    from release.commands import api
 
     moves = api.history(model, ctx.project_dir)
 
@@ -208,7 +208,7 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
 @handled
 def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
     """Aliases -> versions of MODEL with lineage and gate summary (no MODEL: list registered models)."""
-    from release import api
+    from release.commands import api
 
     data = api.status(model, ctx.project_dir)
 
@@ -246,14 +246,14 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
+    from release.commands.cli import init_command
     from release.deploy.cli import render_group
     from release.gating.cli import gate
-    from release.init import init_command
     from release.memory.cli import plan_command
     from release.serving.cli import serve_command
     from release.serving.loadgen.cli import bench_command
-    from release.stage_commands import STAGE_COMMANDS
-    from release.webhook_cli import webhook_command
+    from release.stages.cli import STAGE_COMMANDS
+    from release.webhook.cli import webhook_command
 
     for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, canary_command, plan_command,
                     webhook_command, render_group]:

@@ -12,9 +12,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from release.core.errors import ConfigError
+from release.core.model_name import bad_model_name
 from release.core.server_settings import ServerSettings
-from release.errors import ConfigError
-from release.model_name import bad_model_name
 
 CONFIG_FILE = "release.yaml"
 # Keys that were replaced: the message says by what, instead of a did-you-mean guess.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from release.advice import after_validation_failure
+from release.pipeline.advice import after_validation_failure
 
 
 @pytest.mark.parametrize(("failed", "up"), [("int4", "int8"), ("int8", "fp16"), ("fp16", "fp32")])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from release.config import ReleaseConfig, load_config
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 
 
 def test_no_file_gives_working_defaults() -> None:

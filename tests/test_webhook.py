@@ -35,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from release.webhook import sign
+from release.webhook.receiver import sign
 
 SECRET = "shared-secret-for-tests"
 RELCTL = Path(sys.executable).parent / "relctl"
@@ -418,8 +418,8 @@ def test_a_run_id_that_is_not_mlflows_starts_nothing(receiver: Receiver, run_id:
 
 
 def test_the_default_command_ends_options_before_the_run_id(tmp_path: Path) -> None:
-    from release.webhook import ReleaseRequest
-    from release.webhook_cli import default_command, fill
+    from release.webhook.cli import default_command, fill
+    from release.webhook.receiver import ReleaseRequest
 
     argv = fill(default_command(tmp_path), ReleaseRequest("m", "3", "a" * 32, "d"))
     assert argv[-2:] == ["--", "a" * 32] and argv[argv.index("promote") + 1:-2] == ["--model", "m", "--json"]

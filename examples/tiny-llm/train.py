@@ -23,7 +23,7 @@ if str(HERE) not in sys.path:
 
 import tinyllm  # noqa: E402 - importable only once its folder is on sys.path
 
-from release.hashing import sha256_file  # noqa: E402
+from release.core.hashing import sha256_file  # noqa: E402
 from release.registry.store import connect, ensure_experiment, resolve_store  # noqa: E402
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from release.backends.base import Backend, Support, precision_choices
+from release.core.errors import ConfigError, InputError
 from release.core.package import MANIFEST, PackageManifest, read_manifest
-from release.errors import ConfigError, InputError
 
 ENTRY_POINT_GROUP = "relctl.backends"
 AUTO = "auto"

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from release.cli_support import Ctx, emit, handled, json_option
+from release.commands.support import Ctx, emit, handled, json_option
 from release.config import gate_settings
-from release.errors import Blocked, ConfigError, InputError
+from release.core.errors import Blocked, ConfigError, InputError
 
 # The runner pulls in scipy (the judge), aiohttp and the router: only `relctl canary` itself pays for them,
 # never `relctl --help` (tests/cli/test_startup.py).

@@ -14,8 +14,8 @@ from dataclasses import replace
 import yaml
 
 from release import __version__
+from release.core.errors import InputError
 from release.deploy.kserve import KServeOptions, render_kserve
-from release.errors import InputError
 
 
 def render_canary(model: str, candidate_version: str, production_version: str | None, percent: int,

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release.api import open_registry
 from release.canary.outcome import finish_canary, start_canary, unwind_canary
 from release.canary.runner import CanaryResult, run_canary
 from release.canary.servers import served
 from release.canary.settings import CanaryConfig
-from release.errors import InputError, ReleaseError
+from release.core.errors import InputError, ReleaseError
+from release.pipeline.versions import fetch_package
 from release.registry import CANDIDATE, PRODUCTION, Registry
-from release.versions import fetch_package
+from release.registry.client import open_registry
 
 
 def production_moved(registry: Registry, model: str, production: str) -> Callable[[], str | None]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from release.canary.settings import CanaryConfig
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.process import ServerProcess
 
 

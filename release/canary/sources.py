@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from release.canary.judge import Proportion
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.router.records import RouterRecord
 
 SIDES = ("production", "candidate")

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.arrivals import plan_arrivals
 from release.serving.loadgen.client import ClientOptions, request_body, run_async
 from release.serving.loadgen.dataset import Sample, parse_row, synthetic_dataset

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from release.errors import InputError
-from release.hashing import sha256_file, sha256_json, sha256_tree
+from release.core.errors import InputError
+from release.core.hashing import sha256_file, sha256_json, sha256_tree
 
 
 class Backend(Protocol):

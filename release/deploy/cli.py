@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from release.cli_support import Ctx, handled
+from release.commands.support import Ctx, handled
 
 
 @click.group("render")

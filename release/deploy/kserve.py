@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from release import __version__
-from release.errors import InputError
-from release.init import template_text
+from release.core.errors import InputError
+from release.core.templates import template_text
 
 TEMPLATE = "kserve-inferenceservice.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from release.cli_support import Ctx, emit, handled, json_option
-from release.errors import EXIT_BLOCKED
+from release.commands.support import Ctx, emit, handled, json_option
+from release.core.errors import EXIT_BLOCKED
 
 
 @click.command("gate")

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
-from release.checks import ThresholdCheck
+from release.core.checks import ThresholdCheck
 
 GateStatus = Literal["pass", "fail", "skipped"]
 GatePhase = Literal["before_register", "after_register"]

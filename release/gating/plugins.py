@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from release.errors import ConfigError, InputError
+from release.core.errors import ConfigError, InputError
 from release.gating.contract import Gate, GateContext, GateResult
 
 ENTRY_POINT_GROUP = "relctl.gates"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from release.checkpoint import SafetensorsHeader, TensorInfo, read_header
-from release.errors import InputError
+from release.core.checkpoint import SafetensorsHeader, TensorInfo, read_header
+from release.core.errors import InputError
 from release.lora.settings import LoraSettings
 
 ADAPTER_FILE = "adapter_model.safetensors"

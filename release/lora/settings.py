@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.errors import InputError
-from release.jsonfile import read_json_file
+from release.core.errors import InputError
+from release.core.jsonfile import read_json_file
 
 CONFIG_FILE = "adapter_config.json"
 PEFT_HINT = "merge it with peft's merge_and_unload() and log the merged checkpoint instead of the adapter"

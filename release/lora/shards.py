@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from release.checkpoint import SafetensorsHeader, TensorInfo
+from release.core.checkpoint import SafetensorsHeader, TensorInfo
 from release.lora import fold
 from release.lora.adapter import AdapterPlan, LoraModule
 from release.lora.tensor_io import TORCH_DTYPES, Progress, copy_range, read_tensor, write_tensor

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from release.checkpoint import TensorInfo
+from release.core.checkpoint import TensorInfo
 from release.lora.workspace import Workspace
 
 TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}

@@ -12,7 +12,7 @@ from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 class GpuSpec(BaseModel):

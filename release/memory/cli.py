@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from release.cli_support import Ctx, emit, handled, json_option
-from release.errors import InputError
+from release.commands.support import Ctx, emit, handled, json_option
+from release.core.errors import InputError
+from release.core.units import size
 from release.memory.plan import KV_DTYPE_BYTES, Target, check_context, parameters
 from release.memory.shape import PRECISIONS, Precision, Provider
-from release.units import size
 
 # plan.py and shape.py above are plain Python (the formula and the choices); the rest reads packages with
 # onnx, so the command imports it when it runs, never `relctl --help` (tests/cli/test_startup.py).

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from release.config import ServingConfig
+from release.core.errors import InputError
 from release.core.package import missing_runtime
-from release.errors import InputError
 from release.memory.families import DEFAULT_HEAD_DIM, check_supported, sliding_layers
 
 GIB = 1024**3

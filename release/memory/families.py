@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 # Fields that change the architecture in a way a family must understand; present (and not null, 0, false or
 # empty) in a family that does not list them, the config is refused with the field's name.

@@ -11,7 +11,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 _ORT_BUILDS = ("onnxruntime", "onnxruntime-gpu")
 _GENAI_BUILDS = ("onnxruntime-genai", "onnxruntime-genai-cuda")

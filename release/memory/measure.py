@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.errors import StageFailed
+from release.core.errors import StageFailed
 
 
 def run_worker(args: list[str], timeout_s: float = 600.0) -> dict[str, Any]:

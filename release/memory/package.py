@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 
 from release.backends import backend_for_folder, backend_of
+from release.core.errors import InputError
 from release.core.package import MANIFEST, read_manifest
-from release.errors import InputError
 from release.memory.shape import PRECISIONS, Precision, Provider
 
 _FLOAT_BYTES = {1: 4, 10: 2, 16: 2, 11: 8}  # onnx.TensorProto FLOAT, FLOAT16, BFLOAT16, DOUBLE

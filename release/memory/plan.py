@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.shape import (
     PRECISIONS,
     ModelShape,

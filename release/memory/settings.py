@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from release.config import gate_settings
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 from release.memory.catalogue import GpuSpec, find_gpu, load_catalogue
 from release.memory.plan import KV_DTYPE_BYTES, Target
 from release.memory.shape import Provider

@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.families import (
     DEFAULT_HEAD_DIM,
     TIED_BY_DEFAULT,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from release.core.units import size
 from release.memory.package import PackageFacts, read_config_file, read_model_folder, read_package
 from release.memory.plan import (
     VALID,
@@ -21,7 +22,6 @@ from release.memory.plan import (
     spec_at,
 )
 from release.memory.shape import Precision, Provider, shape_from_config
-from release.units import size
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any, Literal
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from release.errors import RegistryError
-from release.faults import pause_point
+from release.core.errors import RegistryError
+from release.core.faults import pause_point
 from release.registry import tags as T
 
 MoveState = Literal["pending", "done", "repaired", "abandoned"]

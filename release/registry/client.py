@@ -18,8 +18,8 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from release.errors import InputError, RegistryError
-from release.model_name import check_model_name, is_reserved_name
+from release.core.errors import InputError, RegistryError
+from release.core.model_name import check_model_name, is_reserved_name
 from release.registry import aliases as al
 from release.registry import filters as fl
 from release.registry import lock as lk
@@ -34,7 +34,7 @@ from release.registry.records import (
     run_record,
     version_record,
 )
-from release.registry.store import Store, ensure_experiment
+from release.registry.store import Store, connect, ensure_experiment, resolve_store
 
 PRODUCTION = "production"
 PREVIOUS = "previous"
@@ -444,5 +444,8 @@ class Registry:
         return al.read_history(self.client, name)
 
 
-
-
+def open_registry(project_dir: Path) -> Registry:
+    """The registry of a project (its release.yaml's or MLFLOW_TRACKING_URI's store), connected for writes."""
+    store = resolve_store(project_dir)
+    connect(store)
+    return Registry(store)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlflow.exceptions import MlflowException
 
-from release.errors import RegistryError
+from release.core.errors import RegistryError
 
 
 def as_registry_error(exc: BaseException, doing: str) -> RegistryError | None:

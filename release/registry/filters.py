@@ -7,7 +7,7 @@ and `identifier`.
 
 from __future__ import annotations
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 def literal(value: str) -> str:

@@ -32,8 +32,8 @@ import psutil
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from release.errors import RegistryError
-from release.model_name import LOCK_PREFIX
+from release.core.errors import RegistryError
+from release.core.model_name import LOCK_PREFIX
 
 LEASE_TAG = "relctl.lease"          # the marker: only a model carrying it is a lease relctl may break
 LEASE_KIND = "lease"

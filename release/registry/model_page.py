@@ -6,7 +6,7 @@ this page is rewritten from them after every move, so it is a view and never the
 
 from __future__ import annotations
 
-from release import links
+from release.registry import links
 from release.registry.aliases import AliasMove
 
 SHOWN = 20

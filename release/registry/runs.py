@@ -28,7 +28,7 @@ from mlflow.models.signature import ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types.schema import Schema, TensorSpec
 
-from release.errors import RegistryError
+from release.core.errors import RegistryError
 from release.registry import filters
 from release.registry import tags as T
 

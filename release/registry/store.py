@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from release.errors import ConfigError, RegistryError
+from release.core.errors import ConfigError, RegistryError
 
 STATE_DIR = ".relctl"
 TIMEOUT_ENV = "RELCTL_REGISTRY_TIMEOUT_S"

@@ -1,5 +1,5 @@
 """The header names MLflow signs its webhook deliveries with (mlflow/webhooks/constants.py), re-exported so
-the receiver (release/webhook.py) reads MLflow's own names without importing MLflow itself: a rename in
+the receiver (release/webhook/receiver.py) reads MLflow's own names without importing MLflow itself: a rename in
 MLflow still breaks here, loudly."""
 
 from __future__ import annotations

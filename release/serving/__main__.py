@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from release.core.subprocs import watch_parent
 from release.serving.cli import main
-from release.subprocs import watch_parent
 
-# Started by release.subprocs.start_child (ServerProcess): stop (SIGTERM: drain) when the parent is gone.
+# Started by release.core.subprocs.start_child (ServerProcess): stop (SIGTERM: drain) when the parent is gone.
 watch_parent()
 main()

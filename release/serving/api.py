@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from release.config import load_config
+from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
-from release.errors import InputError
 from release.serving.server import load_state, package_settings, run_server
 from release.serving.source import resolve_package
 

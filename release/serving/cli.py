@@ -10,18 +10,18 @@ from typing import Any
 
 import click
 
-from release.cli_support import handled
+from release.commands.support import handled
 from release.serving.loadgen.cli import bench_command
 
 
 def _relctl_ctx() -> Any:
     """The relctl group's context object when these commands run under `relctl`, else None."""
-    from release.cli_support import Ctx
+    from release.commands.support import Ctx
 
     return click.get_current_context().find_object(Ctx)
 
 
-# One error policy for every command (release.failure): under `relctl` and standalone alike.
+# One error policy for every command (release.pipeline.failure): under `relctl` and standalone alike.
 _handled = handled
 
 

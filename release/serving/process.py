@@ -1,6 +1,6 @@
 """A `relctl serve` child process: started on a free port of 127.0.0.1, ready when it has loaded the
 model and is listening, stopped with SIGTERM (graceful: in-flight requests finish). It dies with its
-parent however the parent ends, SIGKILL included (release.subprocs)."""
+parent however the parent ends, SIGKILL included (release.core.subprocs)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any, Self
 
 import httpx
 
-from release.errors import StageFailed
-from release.subprocs import start_child, stop_child
+from release.core.errors import StageFailed
+from release.core.subprocs import start_child, stop_child
 
 
 class ServerProcess:

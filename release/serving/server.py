@@ -14,8 +14,8 @@ from typing import Any
 
 import uvicorn
 
+from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
-from release.errors import InputError
 from release.registry.store import STATE_DIR
 from release.serving.app import ServerState, create_app
 from release.serving.engine import open_engine

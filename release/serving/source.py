@@ -1,7 +1,7 @@
 """What `relctl serve` serves: a package folder, or a registered version from the MLflow registry, named
 `MODEL@ALIAS`, `MODEL/VERSION`, `models:/MODEL@ALIAS` or `models:/MODEL/VERSION`.
 
-A registered version is fetched through release.versions.fetch_package, which verifies it against the
+A registered version is fetched through release.pipeline.versions.fetch_package, which verifies it against the
 manifest digest recorded on the version when it was released, and kept in a cache under the project's
 state folder (re-verified against that digest before each use). A local folder is verified against its
 own manifest only; it is served as version `unregistered`.
@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from release.core.errors import InputError
 from release.core.package import PackageManifest, verify_package
-from release.errors import InputError
 from release.registry.store import STATE_DIR, resolve_store
 from release.serving.metrics import Identity
 
@@ -69,9 +69,9 @@ def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None
 
 def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None) -> ServedPackage:
     # mlflow loads only when serving from the registry, not for a package folder
+    from release.pipeline.versions import fetch_package  # noqa: PLC0415
     from release.registry import Registry  # noqa: PLC0415
     from release.registry import tags as T  # noqa: PLC0415
-    from release.versions import fetch_package  # noqa: PLC0415
 
     registry = Registry(resolve_store(project_dir, environ))
     if ref.alias is not None:

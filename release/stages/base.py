@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from release.hashing import sha256_json
+from release.core.hashing import sha256_json
 
 
 def location() -> Any:

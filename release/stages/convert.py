@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import Field, PrivateAttr
 
 from release.backends import AUTO, Backend, choose_backend, get_backend
-from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
-from release.errors import InputError
+from release.core.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
+from release.core.errors import InputError
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from pydantic import Field
 
-from release import checkpoint as ckpt
-from release.errors import InputError
-from release.jsonfile import read_json_file
-from release.lineage import checkpoint_lineage, training_lineage
+from release.core import checkpoint as ckpt
+from release.core.errors import InputError
+from release.core.jsonfile import read_json_file
+from release.core.numerics import fp16_overflows, tensor_max_abs
 from release.lora.settings import read_settings
-from release.numerics import fp16_overflows, tensor_max_abs
+from release.pipeline.lineage import checkpoint_lineage, training_lineage
 from release.registry import Registry
 from release.stages.base import Stage, StageInputs, StageResult
 

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from release.backends import get_backend
 from release.config import ServingConfig
+from release.core.units import size
 from release.memory.compat import estimate_memory
 from release.stages.base import Stage, StageInputs, StageResult, location
-from release.units import size
 
 MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
 

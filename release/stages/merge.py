@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from release.checkpoint import (
+from release.core.checkpoint import (
     SafetensorsHeader,
     check_index,
     read_config,
@@ -25,11 +25,11 @@ from release.checkpoint import (
     refuse_pickles,
     weight_files,
 )
-from release.errors import InputError, StageFailed
-from release.faults import pause_point
+from release.core.errors import InputError, StageFailed
+from release.core.faults import pause_point
+from release.core.numerics import tensor_max_abs
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.settings import read_settings
-from release.numerics import tensor_max_abs
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -21,10 +21,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from release.backends import backend_of
+from release.core.errors import RegistryError
+from release.core.faults import pause_point
+from release.core.hashing import sha256_file, sha256_json
 from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
-from release.errors import RegistryError
-from release.faults import pause_point
-from release.hashing import sha256_file, sha256_json
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO

@@ -28,12 +28,12 @@ from tokenizers import Tokenizer
 
 from release.backends import get_backend
 from release.backends.base import Backend, LoadedModel
-from release.checks import ThresholdCheck
 from release.config import ValidationConfig
+from release.core.checks import ThresholdCheck
+from release.core.errors import InputError, ReleaseError
 from release.core.package import missing_runtime
-from release.errors import InputError, ReleaseError
+from release.core.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 from release.stages.base import Stage, StageInputs, StageResult, location
-from release.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 
 
 class NonFiniteLogits(ValueError):

@@ -27,7 +27,7 @@ def imported(path: Path) -> Iterator[tuple[int, str]]:
             base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
             module = ".".join(p for p in (base, node.module or "") if p)
             yield node.lineno, module
-            for alias in node.names:  # `from release import api` imports release.api
+            for alias in node.names:  # `from release import api` imports release.commands.api
                 yield node.lineno, f"{module}.{alias.name}"
 
 
@@ -63,26 +63,50 @@ def test_only_a_backend_opens_an_engines_model_folder() -> None:
 
 def test_the_configuration_schema_points_down_only() -> None:
     config = [ROOT / "release" / "config.py"]
-    assert offenders(config, ("release.serving", "release.pipeline", "release.promote", "release.stages",
-                              "release.registry", "release.gating", "release.api")) == []
+    assert offenders(config, ("release.serving", "release.pipeline", "release.commands", "release.stages",
+                              "release.registry", "release.gating", "release.canary", "release.memory")) == []
 
 
 def test_register_stands_apart_from_the_runner_and_the_version_fetcher() -> None:
-    assert offenders([ROOT / "release" / "stages" / "register.py"], ("release.pipeline", "release.versions")) == []
+    register = [ROOT / "release" / "stages" / "register.py"]
+    assert offenders(register, ("release.pipeline.runner", "release.pipeline.versions")) == []
 
 
 def test_core_is_the_bottom_layer() -> None:
-    lower = ("release.core", "release.errors", "release.hashing", "release.jsonfile")
     for path in modules("release/core"):
         for line, module in imported(path):
-            if module.startswith("release.") and not any(module == m or module.startswith(m + ".") for m in lower):
+            if module.startswith("release.") and not module.startswith("release.core"):
                 pytest.fail(f"{path.relative_to(ROOT)}:{line} imports {module}, above release/core")
+
+
+def test_the_layers_point_down() -> None:
+    """commands -> pipeline -> the work (stages, serving, memory, canary, lora, gating, deploy) -> backends
+    -> registry / core: nothing imports a layer above its own."""
+    work = [p for folder in ("stages", "serving", "memory", "canary", "lora", "gating", "deploy", "webhook")
+            for p in modules(f"release/{folder}") if p.name != "cli.py"]  # a feature's cli.py is a command
+    assert offenders(work, ("release.commands", "release.cli")) == []
+    assert offenders(modules("release/pipeline"), ("release.commands", "release.cli")) == []
+    assert offenders(modules("release/registry"), ("release.commands", "release.cli", "release.pipeline",
+                                                   "release.stages", "release.serving", "release.gating",
+                                                   "release.canary", "release.memory", "release.backends")) == []
+
+
+def test_the_root_holds_only_the_entry_point_and_the_schema() -> None:
+    """The folder names show the architecture: every other module lives in its layer's package."""
+    assert sorted(p.name for p in (ROOT / "release").glob("*.py")) == ["__init__.py", "cli.py", "config.py"]
+
+
+def test_command_modules_are_named_cli() -> None:
+    """One naming scheme: a package's click commands live in its cli.py (release/cli.py is the group)."""
+    clickers = sorted(p.relative_to(ROOT).as_posix() for p in modules("release")
+                      if "@click.command" in p.read_text() or "@click.group" in p.read_text())
+    assert clickers and all(name.endswith("/cli.py") for name in clickers), clickers
 
 
 def test_backends_reach_no_pipeline_or_command() -> None:
     # A backend is a leaf that the pipeline, the server and the registry call; it never calls them back.
-    above = ("release.promote", "release.pipeline", "release.api", "release.cli", "release.stages",
-             "release.gating", "release.registry", "release.canary")
+    above = ("release.pipeline", "release.commands", "release.cli", "release.stages", "release.gating",
+             "release.registry", "release.canary")
     assert offenders(modules("release/backends"), above) == []
 
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import yaml
 
+from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
-from release.versions import fetch_package
 from tests.conftest import load_train_module
 
 pytestmark = pytest.mark.slow

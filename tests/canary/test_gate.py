@@ -12,12 +12,12 @@ from click.testing import CliRunner
 
 from gates.base import GateContext, ProductionRef
 from gates.canary import CanaryGate
-from release.api import history, open_registry, register
 from release.canary.outcome import REJECTED_TAG, finish_canary, start_canary
 from release.canary.result import gate_result
 from release.canary.runner import CanaryResult
 from release.canary.settings import CanaryConfig
 from release.cli import cli
+from release.commands.api import history, open_registry, register
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION
 
 QUICK = {"steps": [50], "step_requests": 40, "step_timeout_s": 60,

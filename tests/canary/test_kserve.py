@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from release.canary.kserve import render_canary
+from release.core.errors import InputError
 from release.deploy.kserve import KServeOptions
-from release.errors import InputError
 
 
 def test_canary_manifest_pins_the_candidate_with_its_share() -> None:

@@ -14,7 +14,7 @@ import pytest
 from release.canary.judge import Proportion, judge_step
 from release.canary.settings import CanaryConfig
 from release.canary.sources import PrometheusQueries, PrometheusSource
-from release.errors import InputError
+from release.core.errors import InputError
 
 SERIES = {"1": [10.0, 11.0, 10.5, 9.8, 10.2, 10.9, 11.2, 10.1, 10.4, 10.7, 10.3, 10.6],
           "2": [14.0, 15.1, 14.6, 13.9, 14.8, 15.3, 14.2, 14.9, 14.4, 15.0, 14.1, 14.7]}

@@ -20,11 +20,12 @@ from click.testing import CliRunner, Result
 from pydantic import BaseModel, ValidationError
 
 from release.cli import cli
+from release.commands.config_doc import release_yaml_text
+from release.commands.init import SOURCE_LINE, STARTER_FILES, init_project
 from release.config import ReleaseConfig, load_config
-from release.config_doc import release_yaml_text
-from release.errors import ConfigError
+from release.core.errors import ConfigError
+from release.core.templates import templates_dir
 from release.gating.plugins import available_gates, validate_block
-from release.init import SOURCE_LINE, STARTER_FILES, init_project, templates_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,11 +217,12 @@ def test_init_works_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> Non
 
 def test_the_shipped_release_yaml_template_is_the_generated_one() -> None:
     """templates/release.yaml is what `relctl init` writes from the schema; regenerate it when the schema moves:
-    python -c "from release.config_doc import release_yaml_text as t; open('templates/release.yaml','w').write(t())"
+    python -c "from release.commands.config_doc import release_yaml_text as t;
+               open('templates/release.yaml','w').write(t())"
     """
     from pathlib import Path
 
-    from release.config_doc import release_yaml_text
+    from release.commands.config_doc import release_yaml_text
 
     shipped = Path(__file__).resolve().parents[2] / "templates" / "release.yaml"
     assert shipped.read_text() == release_yaml_text()

@@ -20,8 +20,8 @@ import yaml
 from click.testing import CliRunner, Result
 
 from release.cli import cli
+from release.core.templates import templates_dir
 from release.deploy.kserve import KServeOptions, render_kserve, service_name
-from release.init import templates_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SDK = REPO / ".relctl-tools" / "kserve-sdk"

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner, Result
 
-from release.cli_support import Ctx
+from release.commands.support import Ctx
 from release.gating.cli import gate
 
 RELEASE_YAML = {"gates": {"eval": {"thresholds": {"exact_match": {"threshold": 0.8, "min_absolute_change": -0.02}}}}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gates.eval_data import DataRules, load_eval_set
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 def write(path: Path, lines: list[str]) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from gates.base import GateContext, GateResult, ProductionRef
 from gates.eval import EvalGate
-from release.errors import InputError
+from release.core.errors import InputError
 from release.gating.plugins import load_gates, run_gates
 from release.gating.report import render_html, render_markdown
 

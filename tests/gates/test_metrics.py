@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gates.metrics import ScoredRow, available_metrics, resolve_metrics
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 
 
 def test_builtins_register_through_entry_points() -> None:

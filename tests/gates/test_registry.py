@@ -8,7 +8,7 @@ import pytest
 
 from gates.eval import EvalConfig, EvalGate
 from gates.safety import SafetyGate
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 from release.gating.plugins import available_gates, load_gates
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from gates.base import GateContext, GateResult
 from gates.safety import DEFAULT_SUITE, SafetyConfig, SafetyGate, load_suite
-from release.errors import ConfigError, InputError
+from release.core.errors import ConfigError, InputError
 from release.gating.plugins import load_gates, run_gates
 from release.gating.report import render_html, render_markdown
 

@@ -11,8 +11,8 @@ import torch
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 
-from release.checkpoint import read_header
-from release.errors import InputError
+from release.core.checkpoint import read_header
+from release.core.errors import InputError
 from release.stages.merge import merge_checkpoint
 from tests.lora.helpers import (
     LLAMA_TARGETS,

@@ -12,7 +12,7 @@ import torch
 from peft import IA3Config, LoHaConfig, LoraConfig, PeftConfig, PrefixTuningConfig, TaskType
 from safetensors.torch import save_file
 
-from release.errors import EXIT_BAD_INPUT, InputError
+from release.core.errors import EXIT_BAD_INPUT, InputError
 from release.stages.merge import merge_checkpoint
 from tests.lora.helpers import LLAMA_TARGETS, llama_config, save_adapter, save_base
 

@@ -125,7 +125,7 @@ def test_a_tiny_model_shows_its_sizes_in_a_unit_that_shows_them(tmp_path: Path) 
 
 
 def test_size_picks_the_unit_that_shows_the_figure() -> None:
-    from release.units import size
+    from release.core.units import size
 
     assert size(9_000_000) == "8.58 MiB"
     assert size(3 * 2**30) == "3.00 GiB"

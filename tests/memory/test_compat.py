@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from release.config import ServingConfig
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.compat import (
     GIB,
     estimate_memory,

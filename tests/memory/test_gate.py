@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, save
 
 from gates.base import GateContext, ProductionRef
 from gates.memory import MemoryGate
-from release.errors import ConfigError
+from release.core.errors import ConfigError
 from release.gating.plugins import validate_block
 from release.memory.plan import breakdown, max_concurrency
 from release.memory.settings import MemoryConfig

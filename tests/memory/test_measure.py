@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.gpu_env import check_ort_builds
 from release.memory.measure import measure_cold_starts, measure_run
 from release.memory.package import read_package

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.catalogue import GpuSpec, find_gpu, load_catalogue
 from release.memory.plan import GIB, RUNTIME_OVERHEAD_BYTES, Target, breakdown, max_concurrency, max_context
 from release.memory.verdict import load_spec, make_plan

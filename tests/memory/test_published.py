@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.config import ServingConfig
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.compat import estimate_memory
 from release.memory.plan import Target, breakdown, kv_bytes_per_sequence
 from release.memory.shape import parameter_count, shape_from_config

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.memory.package import read_package
 from release.memory.plan import Target, breakdown, kv_bytes_per_token
 from release.memory.shape import builder_weights_bytes, parameter_count, shape_from_config

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from release.canary.outcome import unwind_canary
 from release.cli import cli
-from release.errors import InputError
+from release.core.errors import InputError
 from release.registry import CANDIDATE
 from release.registry import tags as T
 from tests.registry.test_aliases import MODEL, _register

@@ -11,13 +11,13 @@ import mlflow
 import pytest
 from click.testing import CliRunner
 
-from release import api, links
 from release.backends import backend_for_folder
 from release.cli import cli
+from release.commands import api
+from release.core.errors import InputError
+from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, build_package
-from release.errors import InputError
-from release.hashing import sha256_file
-from release.registry import Registry
+from release.registry import Registry, links
 from release.registry import tags as T
 from release.registry.store import connect, ensure_experiment, resolve_store
 from release.stages.register import promote_version

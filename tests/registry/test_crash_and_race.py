@@ -1,6 +1,6 @@
 """Alias moves under crashes and races: killed mid-move, two rollbacks at once, a rewritten package.
 
-Each crash test pauses a real `relctl` process at a named point (release/faults.py), SIGKILLs it
+Each crash test pauses a real `relctl` process at a named point (release/core/faults.py), SIGKILLs it
 there, and checks what the next command finds and repairs.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from release import api
 from release.cli import cli
+from release.commands import api
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.aliases import read_history
@@ -113,7 +113,7 @@ def test_rollback_refuses_a_package_whose_manifest_was_rewritten_to_match(projec
     root = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package"
     (root / "model" / "model.onnx").write_bytes(b"rewritten")
     manifest = json.loads((root / "relctl-package.json").read_text())
-    from release.hashing import sha256_file
+    from release.core.hashing import sha256_file
 
     manifest["files"]["model/model.onnx"] = sha256_file(root / "model" / "model.onnx")
     (root / "relctl-package.json").write_text(json.dumps(manifest))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.filters import identifier, literal

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 
-from release.api import open_registry
 from release.backends import backend_for_folder
+from release.commands.api import open_registry
 from release.core.package import build_package, verify_package
 from release.registry import Registry
 from release.registry.store import connect, resolve_store

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from release.cli import cli
-from release.errors import RegistryError
+from release.core.errors import RegistryError
 from release.registry.store import connect, ensure_experiment, redact_uri, resolve_store
 from tests.registry import test_aliases as embedded
 from tests.scale.conftest import ScaleRegistry

@@ -1,6 +1,6 @@
 """The release story against `mlflow server` on PostgreSQL + SeaweedFS S3, and promotes at the same time.
 
-- promote run 1, promote run 2, rollback, history and status through release.api (fp32, no gates:
+- promote run 1, promote run 2, rollback, history and status through release.commands.api (fp32, no gates:
   the pipeline is the subject elsewhere; here it is the registry at scale);
 - 4 `relctl promote` processes at once, 2 models x 2 runs: the aliases and the history of both models
   must tell one consistent, non-interleaved story;
@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from release import api
+from release.commands import api
 from release.registry import Registry
 from release.registry.aliases import AliasMove
 from release.registry.store import resolve_store
@@ -93,7 +93,7 @@ def runs(scale_registry: ScaleRegistry, tiny_run: Any, tmp_path_factory: pytest.
 
 @pytest.fixture(scope="module")
 def story(runs: dict[str, Any], scale_registry: ScaleRegistry) -> dict[str, Any]:
-    """promote 1, promote 2, rollback, history, status: all through release.api against the server."""
+    """promote 1, promote 2, rollback, history, status: all through release.commands.api against the server."""
     project, (run1, run2) = runs["project"], runs["runs"]
     model = f"scale-story-{secrets.token_hex(3)}"
     (project / "release.yaml").write_text(RELEASE_YAML.format(model=model))

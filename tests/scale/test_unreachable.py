@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from release.cli import cli
-from release.errors import ConfigError, RegistryError
+from release.core.errors import ConfigError, RegistryError
 from release.registry.store import resolve_store
 
 TIMEOUT_S = 2

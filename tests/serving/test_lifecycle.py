@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from release.core.errors import InputError
+from release.core.hashing import sha256_file
 from release.core.server_settings import RequestLogPolicy
-from release.errors import InputError
-from release.hashing import sha256_file
 from release.registry import tags as T
 from release.serving.process import ServerProcess
 from release.serving.requestlog import RequestLog, redact

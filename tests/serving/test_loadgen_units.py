@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.engine import StopMatcher
 from release.serving.loadgen.arrivals import load_trace, plan_arrivals, scale_trace
 from release.serving.loadgen.client import ClientOptions, Record, request_body

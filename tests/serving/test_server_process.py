@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from release.subprocs import start_child, stop_child
+from release.core.subprocs import start_child, stop_child
 
 PARENT = textwrap.dedent("""
     import json, sys, threading, time

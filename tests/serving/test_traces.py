@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from release.core.errors import InputError
 from release.core.server_settings import RequestLogPolicy
-from release.errors import InputError
 from release.serving.loadgen.cli import bench_command
 from release.serving.loadgen.client import Record
 from release.serving.loadgen.runner import Traffic, plan_traffic

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from release import checkpoint as ckpt
-from release.errors import InputError
+from release.core import checkpoint as ckpt
+from release.core.errors import InputError
 from release.stages.intake import check_checkpoint
 
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 
 from release.backends.onnxruntime_genai.model import GenaiModel
-from release.errors import InputError, StageFailed
+from release.core.errors import InputError, StageFailed
 from release.stages.convert import ConvertOutputs, convert, convert_log
 from release.stages.merge import merge_checkpoint
 from release.stages.validate import load_prompts

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from release.errors import InputError
-from release.numerics import FP16_MAX, fp16_overflows, tensor_max_abs
+from release.core.errors import InputError
+from release.core.numerics import FP16_MAX, fp16_overflows, tensor_max_abs
 from release.registry import Registry
 from release.registry.store import resolve_store
 from tests.stages.test_promote_errors import log_checkpoint_run, promote

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from release.pipeline import Pipeline
-from release.progress import Progress
+from release.pipeline.progress import Progress
+from release.pipeline.runner import Pipeline
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 from release.cli import cli
 from release.config import ServingConfig
 from release.core.package import MANIFEST, verify_package
-from release.pipeline import Pipeline
-from release.progress import Progress
+from release.pipeline.progress import Progress
+from release.pipeline.runner import Pipeline
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.store import connect, resolve_store

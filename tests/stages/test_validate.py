@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from release.backends import get_backend
 from release.config import ValidationConfig
-from release.errors import InputError
+from release.core.errors import InputError
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
 from release.stages.validate import EDGE_STRINGS, ValidateResult, compare_tokenizers, load_prompts, validate

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from release.backends.onnxruntime_genai.model import GenaiModel
-from release.errors import InputError, StageFailed
-from release.faults import pause_point
-from release.subprocs import start_child, stop_child
-from release.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
+from release.core.errors import InputError, StageFailed
+from release.core.faults import pause_point
+from release.core.subprocs import start_child, stop_child
+from release.core.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
 
 def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: str, log_path: Path) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from release.backends.base import Generation
-from release.errors import InputError
-from release.jsonfile import read_json_file
+from release.core.errors import InputError
+from release.core.jsonfile import read_json_file
 
 GENAI_CONFIG = "genai_config.json"
 MODEL_FILE = "model.onnx"

@@ -12,8 +12,8 @@ from typing import Any
 
 from release.backends.onnxruntime_genai.batching import BatchEngine
 from release.backends.onnxruntime_genai.model import open_tokenizer, read_genai_config
+from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
-from release.errors import InputError
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import ModelLimits
 

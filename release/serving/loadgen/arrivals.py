@@ -6,7 +6,7 @@ from typing import Literal
 
 import numpy as np
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.traces import Trace, load_trace, scale_trace
 
 __all__ = ["ArrivalKind", "Trace", "load_trace", "plan_arrivals", "scale_trace"]

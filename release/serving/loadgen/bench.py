@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.client import ClientOptions
 from release.serving.loadgen.context import EndpointInfo, discover
 from release.serving.loadgen.plots import plot_cdfs, plot_latency_vs_rate

@@ -14,8 +14,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from release.cli_support import handled
-from release.errors import Blocked, InputError
+from release.commands.support import handled
+from release.core.errors import Blocked, InputError
 
 RENDER_OPTIONS = {"render_job", "segments", "image", "job_name", "namespace", "results_claim", "as_json", "out_dir"}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.dataset import Sample
 
 # Tokens the server adds around a prompt: BOS/EOS for completions; a chat template's role markers.

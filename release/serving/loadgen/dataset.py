@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 TEMPLATE = "k8s-bench-job.yaml"
 RESULTS = "/results"

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.arrivals import ArrivalKind, load_trace, plan_arrivals, scale_trace
 from release.serving.loadgen.client import ClientOptions, Record, run_async, run_schedule
 from release.serving.loadgen.context import check_fit, prompt_budget

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from release.errors import InputError
+from release.core.errors import InputError
 from release.serving.loadgen.client import Record
 from release.serving.loadgen.dataset import Sample
 

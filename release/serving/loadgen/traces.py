@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 FORMATS_HINT = ("known formats: relctl trace JSONL (timestamp + prompt), Mooncake JSONL (timestamp, input_length, "
                 "output_length), relctl serve request log, relctl bench/router records JSONL, Azure CSV "

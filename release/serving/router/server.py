@@ -10,7 +10,7 @@ from typing import Any, Self
 
 import uvicorn
 
-from release.errors import StageFailed
+from release.core.errors import StageFailed
 from release.serving.loadgen.client import run_async
 from release.serving.router.app import Router
 

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from release.model_name import bad_model_name
+from release.core.model_name import bad_model_name
 
 # The header names are MLflow's own constants, so a rename there breaks here loudly.
 from release.registry.webhooks import (

@@ -27,10 +27,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from release.errors import InputError, RegistryError
-from release.faults import pause_point
-from release.hashing import sha256_tree
-from release.progress import Progress
+from release.core.errors import InputError, RegistryError
+from release.core.faults import pause_point
+from release.core.hashing import sha256_tree
+from release.pipeline.progress import Progress
 from release.registry.store import STATE_DIR
 from release.stages.base import Stage, StageResult
 

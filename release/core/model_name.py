@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 MAX_NAME = 128
 MODEL_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME - 1}}}")

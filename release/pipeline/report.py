@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from release.errors import EXIT_BLOCKED, EXIT_RELEASED
+from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
 from release.registry import tags as T
 
 # report.links labels the card builds sentences from

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from release.cli_support import Ctx, emit, handled, json_option
+from release.commands.support import Ctx, emit, handled, json_option
 
 if TYPE_CHECKING:
     from release.stages.base import Stage, StageResult
@@ -22,9 +22,9 @@ R = TypeVar("R", bound="StageResult")
 
 
 def run_standalone(stage: Stage[Any, R], out: Path) -> R:
-    """release.pipeline.run_standalone, imported when a stage command runs: the pipeline brings pydantic
+    """release.pipeline.runner.run_standalone, imported when a stage command runs: the pipeline brings pydantic
     and rich, the stages onnx and mlflow, none of which `relctl --help` needs (tests/cli/test_startup.py)."""
-    from release.pipeline import run_standalone as run
+    from release.pipeline.runner import run_standalone as run
 
     return run(stage, out)
 
@@ -44,7 +44,7 @@ BACKEND_HELP = "Backend id, or auto (the first installed backend that supports t
 @handled
 def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) -> None:
     """Download RUN_ID's checkpoint into OUT, check it without loading it, and print its lineage."""
-    from release.api import open_registry
+    from release.registry.client import open_registry
     from release.stages.intake import IntakeInputs, IntakeStage
 
     stage = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=artifact_path), open_registry(ctx.project_dir))
@@ -103,8 +103,8 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
     """Compare the CANDIDATE build with its fp32 REFERENCE; exit 1 when a threshold fails."""
     from release.backends import backend_for_folder
     from release.config import load_config
-    from release.errors import Blocked
-    from release.hashing import sha256_file
+    from release.core.errors import Blocked
+    from release.core.hashing import sha256_file
     from release.stages.validate import ValidateInputs, ValidateStage
 
     cfg = load_config(config_path)
@@ -140,8 +140,8 @@ def package(runtime_model: Path, source: Path, out: Path, model_name: str, preci
     """Package the converted RUNTIME_MODEL with SOURCE's config into OUT, with sha256 of every file."""
     from release.backends import installed_precisions
     from release.config import ServingConfig
+    from release.core.errors import InputError
     from release.core.package import MANIFEST
-    from release.errors import InputError
     from release.stages.package import PackageInputs, PackageStage
 
     if precision not in installed_precisions():
@@ -163,7 +163,7 @@ def package(runtime_model: Path, source: Path, out: Path, model_name: str, preci
 @handled
 def register(ctx: Ctx, package_dir: Path, model_name: str, production: bool, as_json: bool) -> None:
     """Register PACKAGE_DIR as a new MLflow model version (lineage tags from its manifest)."""
-    from release.api import register as run_register
+    from release.commands.api import register as run_register
 
     version, run_id = run_register(package_dir, model_name, ctx.project_dir, production)
     emit({"model": model_name, "version": version, "release_run": run_id, "production": production}, as_json,

@@ -7,7 +7,7 @@ from typing import Any
 
 import git
 
-from release.hashing import sha256_file
+from release.core.hashing import sha256_file
 from release.registry import tags as T
 from release.registry.records import RunRecord
 

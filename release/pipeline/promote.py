@@ -17,31 +17,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release import links
-from release.advice import after_validation_failure
 from release.backends import Backend
 from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
-from release.contract import check_run
+from release.core.errors import Blocked, InputError, InputProblems, ReleaseError
+from release.core.faults import pause_point
+from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PackageManifest, verify_package
-from release.errors import Blocked, InputError, InputProblems, ReleaseError
-from release.failure import Terminated, classify
-from release.faults import pause_point
+from release.core.units import size
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
-from release.hashing import sha256_file
-from release.lineage import repo_state
-from release.pipeline import Done, Pipeline, promote_lock, work_dir_for
-from release.progress import Progress
-from release.registry import CANDIDATE, PRODUCTION, Registry
-from release.registry import tags as T
-from release.registry.client import logged_model_id
-from release.registry.errors import as_registry_error
-from release.registry.runs import ReleaseRun
-from release.registry.store import Store
-from release.report import (
+from release.pipeline.advice import after_validation_failure
+from release.pipeline.contract import check_run
+from release.pipeline.failure import Terminated, classify
+from release.pipeline.lineage import repo_state
+from release.pipeline.progress import Progress
+from release.pipeline.report import (
     COMPARED,
     METRICS_LINK,
     PLOT_LINK,
@@ -55,6 +48,13 @@ from release.report import (
     release_metrics,
     summary_markdown,
 )
+from release.pipeline.runner import Done, Pipeline, promote_lock, work_dir_for
+from release.registry import CANDIDATE, PRODUCTION, Registry, links
+from release.registry import tags as T
+from release.registry.client import logged_model_id
+from release.registry.errors import as_registry_error
+from release.registry.runs import ReleaseRun
+from release.registry.store import Store
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -62,7 +62,6 @@ from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
-from release.units import size
 
 
 class Promotion:
@@ -89,7 +88,7 @@ class Promotion:
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
         gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        # The same checks as `relctl check` (release.contract), so check never passes what promote refuses.
+        # The same checks as `relctl check` (release.pipeline.contract), so check never passes what promote refuses.
         contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
         if contract.problems or contract.model is None:  # all at once, in seconds, before any slow stage
             raise InputProblems([(p.message, p.hint) for p in contract.problems])

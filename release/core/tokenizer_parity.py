@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 # Strings every served tokenizer must encode like the training one, beside the prompts themselves.
 EDGE_STRINGS = ("", " ", "   \t\n  ", "naïve café ✓ 日本語 🙂", "  leading and trailing  ", "Hello world")

@@ -11,13 +11,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
-from importlib.resources import files
 from pathlib import Path
 
-import click
-
-from release.cli_support import Ctx, emit, handled, json_option
-from release.errors import InputError
+from release.core.errors import InputError
+from release.core.templates import template_text
 
 GITIGNORE_LINE = ".relctl/"
 # The line of templates/github-promote.yml that `init` fills in when it knows where relctl came from.
@@ -30,20 +27,6 @@ STARTER_FILES: dict[str, str] = {
     "deploy/Dockerfile": "Dockerfile",
     "deploy/Dockerfile.cuda": "Dockerfile.cuda",
 }
-
-
-def templates_dir() -> Path:
-    """relctl's templates folder: package data `release/templates` (in a checkout, a link to templates/)."""
-    return Path(str(files("release").joinpath("templates")))
-
-
-def template_text(name: str) -> str:
-    """The text of one template file shipped with relctl."""
-    path = templates_dir() / name
-    if not path.is_file():
-        raise InputError(f"template '{name}' is missing from this relctl installation",
-                         hint="reinstall relctl; its wheel ships templates/ as package data")
-    return path.read_text()
 
 
 @dataclass
@@ -81,7 +64,7 @@ def relctl_source() -> str | None:
 def starter_texts(source: str | None) -> dict[str, str]:
     """Every file `init` writes except .gitignore, by path relative to the project folder."""
     # Only `relctl init` needs the schema walk (pydantic models of every gate); other commands skip it.
-    from release.config_doc import release_yaml_text  # noqa: PLC0415
+    from release.commands.config_doc import release_yaml_text  # noqa: PLC0415
 
     texts = {"release.yaml": release_yaml_text()}
     for dest, name in STARTER_FILES.items():
@@ -130,30 +113,3 @@ def _ensure_gitignore(path: Path) -> str:
         return "unchanged"
     path.write_text(text + ("" if text.endswith("\n") or not text else "\n") + f"{GITIGNORE_LINE}\n")
     return "appended"
-
-
-@click.command("init")
-@click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--force", is_flag=True, help="Overwrite starter files that already exist.")
-@json_option
-@click.pass_obj
-@handled
-def init_command(ctx: Ctx, directory: Path | None, force: bool, as_json: bool) -> None:
-    """Start a relctl project in DIRECTORY (default: --project-dir): release.yaml with every key and its
-    default, the GitHub promote workflow, KServe manifest and Dockerfiles, and .relctl/ in .gitignore."""
-    ctx.as_json = as_json
-    target = (directory or ctx.project_dir).resolve()
-    result = init_project(target, force=force, source=relctl_source())
-
-    def text() -> None:
-        for rel in result.written:
-            click.echo(f"wrote {rel}")
-        click.echo(f".gitignore: {result.gitignore}")
-        if result.relctl_source is None:
-            click.echo("next: set RELCTL_SOURCE in .github/workflows/promote.yml to where relctl installs from "
-                       "(e.g. git+https://github.com/ORG/relctl@v0.1.0), and the repository secrets "
-                       "MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN")
-        else:
-            click.echo("next: set the repository secrets MLFLOW_TRACKING_URI and MLFLOW_TRACKING_TOKEN")
-
-    emit(result.__dict__, as_json, text)

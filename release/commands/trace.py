@@ -13,11 +13,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from release import links
-from release.errors import InputError, RegistryError
-from release.registry import Registry
+from release.core.errors import InputError, RegistryError
+from release.pipeline.versions import fetch_package
+from release.registry import Registry, links
 from release.registry import tags as T
-from release.versions import fetch_package
 
 
 def parse_headers(text: str) -> dict[str, str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from release.checkpoint import TensorInfo, read_header
-from release.errors import InputError
+from release.core.checkpoint import TensorInfo, read_header
+from release.core.errors import InputError
 
 FP16_MAX = 65504.0
 CHUNK_ELEMENTS = 8 * 1024 * 1024

@@ -11,24 +11,18 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from release import links
+from release.core.errors import InputError, RegistryError
+from release.core.model_name import check_model_name
 from release.core.package import LEGACY_BACKEND
-from release.errors import InputError, RegistryError
-from release.model_name import check_model_name
-from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import PREVIOUS, PRODUCTION, AliasMove, links
 from release.registry import tags as T
 from release.registry.aliases import history_from_tags
+from release.registry.client import open_registry
 from release.registry.store import connect, resolve_store
 
 if TYPE_CHECKING:
-    from release.progress import Progress
-    from release.report import ReleaseReport
-
-
-def open_registry(project_dir: Path) -> Registry:
-    store = resolve_store(project_dir)
-    connect(store)
-    return Registry(store)
+    from release.pipeline.progress import Progress
+    from release.pipeline.report import ReleaseReport
 
 
 def promote(
@@ -45,8 +39,8 @@ def promote(
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
     from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - the whole pipeline: not for the read commands
-    from release.progress import Progress  # noqa: PLC0415 - as above
-    from release.promote import Promotion  # noqa: PLC0415 - as above
+    from release.pipeline.progress import Progress  # noqa: PLC0415 - as above
+    from release.pipeline.promote import Promotion  # noqa: PLC0415 - as above
 
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
@@ -58,10 +52,10 @@ def promote(
 
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
-    """The run contract for `run_id` under this project's release.yaml (release.contract)."""
+    """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract)."""
     from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the other reads
-    from release.contract import check_run  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
+    from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
 
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
@@ -79,8 +73,8 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
-    from release.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
-    from release.versions import fetch_package  # noqa: PLC0415 - as above
+    from release.pipeline.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
+    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - as above
 
     registry = open_registry(project_dir)
     registry.require_model(model)

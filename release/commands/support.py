@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from release.failure import classify, write_log
+from release.pipeline.failure import classify, write_log
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,7 +35,7 @@ def current_ctx() -> Ctx:
 
 
 def fail(ctx: Ctx, exc: BaseException) -> None:
-    """Print one `error:` line and a `hint:` line for `exc` and exit with its code (release.failure)."""
+    """Print one `error:` line and a `hint:` line for `exc` and exit with its code (release.pipeline.failure)."""
     failure = classify(exc)
     report = getattr(exc, "report", None)
     if ctx.as_json and report is not None:

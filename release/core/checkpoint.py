@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
-from release.errors import InputError
-from release.jsonfile import read_json_file
+from release.core.errors import InputError
+from release.core.jsonfile import read_json_file
 
 # Bytes per element for every dtype the safetensors format defines.
 DTYPE_SIZES: dict[str, int] = {

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from release.errors import InputError
+from release.core.errors import InputError
 
 
 def read_json_file(path: Path, missing: InputError, fix_hint: str) -> Any:

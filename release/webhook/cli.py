@@ -1,5 +1,5 @@
 """The `relctl webhook` command and what a release event starts: a promote subprocess or a GitHub
-repository_dispatch (see release.webhook for the receiver itself)."""
+repository_dispatch (see release.webhook.receiver for the receiver itself)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from release.cli_support import Ctx, handled
-from release.errors import InputError
+from release.commands.support import Ctx, handled
+from release.core.errors import InputError
 
-if TYPE_CHECKING:  # release.webhook imports mlflow: only `relctl webhook` itself pays for that
-    from release.webhook import ReleaseRequest, Trigger
+if TYPE_CHECKING:  # release.webhook.receiver imports mlflow: only `relctl webhook` itself pays for that
+    from release.webhook.receiver import ReleaseRequest, Trigger
 
 PLACEHOLDERS = ("{run_id}", "{model}", "{version}")
-DEFAULT_MAX_BODY = 1024 * 1024  # release.webhook.DEFAULT_MAX_BODY (not imported: it would import mlflow)
+DEFAULT_MAX_BODY = 1024 * 1024  # release.webhook.receiver.DEFAULT_MAX_BODY (not imported: it would import mlflow)
 
 
 def default_command(project_dir: Path) -> list[str]:
@@ -139,7 +139,7 @@ def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag
     each version tagged for release."""
     import uvicorn
 
-    from release.webhook import WebhookSettings, create_app
+    from release.webhook.receiver import WebhookSettings, create_app
 
     key, sep, value = release_tag.partition("=")
     if not sep or not key:

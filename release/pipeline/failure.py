@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from release.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_STAGE_FAILED, ReleaseError
+from release.core.errors import EXIT_BUG, EXIT_INTERRUPTED, EXIT_STAGE_FAILED, ReleaseError
 
 EXIT_TERMINATED = 143
 

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from release.backends import Backend, choose_backend
-from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
-from release.errors import InputError
+from release.core.checkpoint import PICKLE_SUFFIXES
+from release.core.errors import InputError
+from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.memory.families import check_supported
-from release.model_name import bad_model_name
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import RunRecord

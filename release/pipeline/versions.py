@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from release.core.errors import InputError, RegistryError
 from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_package
-from release.errors import InputError, RegistryError
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import VersionRecord

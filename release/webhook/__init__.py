@@ -1,0 +1,1 @@
+"""MLflow registry webhooks: the signed-delivery receiver (receiver.py) and `relctl webhook` (cli.py)."""
