@@ -66,7 +66,7 @@ class RelctlGroup(click.Group):
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.pass_context
 def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet: bool) -> None:
-    """Turn an MLflow training run into a gated, rollback-able ONNX serving version."""
+    """Turn an MLflow training run into a gated, rollback-able serving version."""
     click_ctx.obj = Ctx(project_dir.resolve(), show_traceback, quiet)
     if not project_dir.is_dir() and click_ctx.invoked_subcommand not in CREATES_PROJECT:
         # A typo here would otherwise create an empty store and report "run not found".
