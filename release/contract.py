@@ -14,14 +14,19 @@ Recommended (a warning when missing): the git commit tag `mlflow.source.git.comm
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlflow.entities import Run
 
 from release.checkpoint import PICKLE_SUFFIXES
 from release.config import ReleaseConfig
+from release.families import GENAI_ARCHITECTURES, architecture, genai_config_problems
 from release.gating.contract import Gate, Problem, missing_file, preflight
+from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.registry import Registry
 from release.registry import tags as T
 from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
@@ -65,6 +70,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         if "adapter_config.json" in files:
             need("adapter_model.safetensors" in files, f"{ckpt}/adapter_config.json has no adapter_model.safetensors",
                  "save the adapter with save_pretrained(..., safe_serialization=True)")
+        if "config.json" in files:
+            _check_configs(registry, run_id, cfg, "adapter_config.json" in files, report)
     listed = {p for folder in ("validation", "data") for p in registry.list_artifacts(run_id, folder)}
     report.found["prompts"] = PROMPTS_ARTIFACT in listed
     if cfg.validation.prompts is None:
@@ -89,3 +96,37 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def _check_configs(registry: Registry, run_id: str, cfg: ReleaseConfig, adapter: bool, report: ContractReport) -> None:
+    """What config.json (and adapter_config.json) say, read in a second: a model the exporter cannot build,
+    an adapter recorded for another base."""
+    ckpt = cfg.source.artifact_path
+    names = ["config.json", *(["adapter_config.json"] if adapter else [])]
+    with tempfile.TemporaryDirectory(prefix="relctl-check-") as tmp:
+        loaded = {name: _json(registry.download_run_artifact(run_id, f"{ckpt}/{name}", Path(tmp))) for name in names}
+    config = loaded["config.json"]
+    if config is None:
+        report.problems.append(Problem(f"{ckpt}/config.json is not a JSON object", "re-save the model's config"))
+        return
+    exporter = cfg.convert.exporter
+    if exporter == "genai" or (exporter == "auto" and architecture(config) in GENAI_ARCHITECTURES):
+        for reason in genai_config_problems(config):
+            report.problems.append(Problem(f"{ckpt}/config.json: onnxruntime-genai's model builder cannot build "
+                                           f"this model: {reason}",
+                                           "change the config as the reason says, or set convert.exporter: torch"))
+    adapter_config = loaded.get("adapter_config.json")
+    if adapter_config is not None:
+        check = check_base_names(adapter_config, config)
+        if check.error:
+            report.problems.append(Problem(f"{ckpt}/{check.error}", BASE_NAME_HINT))
+        elif check.warning:
+            report.warnings.append(check.warning)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

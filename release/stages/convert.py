@@ -25,6 +25,7 @@ from pydantic import Field
 
 from release.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
 from release.errors import InputError, StageFailed
+from release.families import GENAI_ARCHITECTURES, builder_config, genai_config_problems
 from release.faults import pause_point
 from release.runtime import GenaiModel
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
@@ -36,14 +37,6 @@ Exporter = Literal["auto", "genai", "torch"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
 EXECUTION_PROVIDERS: tuple[str, ...] = ("cpu", "cuda")
 
-# Text decoders the builder turns into a genai model (builder.py's architecture switch, minus
-# multimodal and speech models, which relctl does not serve).
-GENAI_ARCHITECTURES = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-    "PhiForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM",
-    "OlmoForCausalLM", "NemotronForCausalLM", "SmolLM3ForCausalLM", "InternLM2ForCausalLM",
-    "Ernie4_5ForCausalLM",
-})
 # The builder's own list of valid precision/provider pairs (it prints it and then builds anyway: an fp16
 # CPU graph that fails at the second generation step, so relctl refuses it up front).
 GENAI_COMBINATIONS = frozenset({
@@ -171,6 +164,12 @@ def choose_exporter(config: dict[str, Any], precision: str, exporter: str, execu
             hint="use exporter 'torch' (or 'auto'), or a supported family: llama, mistral, qwen2, phi3, gemma",
         )
     chosen = "genai" if exporter == "genai" or (exporter == "auto" and supported) else "torch"
+    problems = genai_config_problems(config) if chosen == "genai" and supported else []
+    if problems:
+        raise InputError(
+            f"config.json: onnxruntime-genai's model builder cannot build this {arch}: {'; '.join(problems)}",
+            hint="change the config as the reason says, or set convert.exporter: torch",
+        )
     if chosen == "genai" and (precision, execution_provider) not in GENAI_COMBINATIONS:
         raise InputError(
             f"convert: {precision} on execution provider '{execution_provider}' is not a combination "
@@ -189,9 +188,10 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
     """Run the model builder in a subprocess (isolates its memory and its prints) into `out`."""
     cache = out.with_name(out.name + ".cache")
     shutil.rmtree(cache, ignore_errors=True)
+    source = builder_input(model_dir, out.with_name(out.name + ".input"))
     cmd = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
-        "-i", str(model_dir), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
+        "-i", str(source), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
     ]
     try:
         with log_path.open("w") as log:
@@ -207,11 +207,29 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
                 raise
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        if source != model_dir:
+            shutil.rmtree(source, ignore_errors=True)
     if proc.returncode != 0 or not (out / "model.onnx").is_file() or not (out / "genai_config.json").is_file():
         raise StageFailed(
             f"convert: onnxruntime-genai's model builder failed (exit {proc.returncode}): {last_line(log_path)}",
             hint=f"see the full builder log in {log_path}",
         )
+
+
+def builder_input(model_dir: Path, shadow: Path) -> Path:
+    """The folder the builder reads: `model_dir`, or `shadow` (links to its files) with config.json restated
+    by release.families.builder_config when the builder would misread the original."""
+    config = read_config(model_dir)
+    restated = builder_config(config)
+    if restated == config:
+        return model_dir
+    shutil.rmtree(shadow, ignore_errors=True)
+    shadow.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if path.name != "config.json":
+            (shadow / path.name).symlink_to(path.resolve())
+    (shadow / "config.json").write_text(json.dumps(restated, indent=2) + "\n")
+    return shadow
 
 
 def align_tokenizer(model_dir: Path, out: Path) -> list[str]:
