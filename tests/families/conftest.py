@@ -26,7 +26,6 @@ import pytest
 
 from tests.families.specs import FAMILIES, build_config
 
-BASE_STEPS = 60
 LORA_STEPS = 10
 
 
@@ -85,7 +84,7 @@ def _build(root: Path, name: str, tinyllm: ModuleType, shared: Shared) -> Built:
                               tokenizer.pad_token_id)
         torch.manual_seed(0)
         model = getattr(transformers, family.model_class)(config)
-        tinyllm.train(model, tokenizer, shared.train_rows, BASE_STEPS, 3e-3, 32, 0)
+        tinyllm.train(model, tokenizer, shared.train_rows, family.base_steps, 3e-3, 32, 0)
         base = root / "base"
         model.save_pretrained(base)
         for path in shared.tokenizer_dir.iterdir():

@@ -23,6 +23,8 @@ class Family:
     published: str  # the model whose config shape this follows
     lora_targets: tuple[str, ...]
     config: dict[str, Any] = field(default_factory=dict)
+    base_steps: int = 60  # training steps of the base on the example task
+    quantized: str = "int4"  # the quantized precision the matrix releases it at
 
 
 # Shared tiny shape: 2 layers, 4 query heads of 64 sharing 2 KV heads (GQA), a gated MLP of 512.
@@ -90,15 +92,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
         **SHAPE, "tie_word_embeddings": True, "max_position_embeddings": 4096, "embedding_multiplier": 12.0,
         "attention_multiplier": 0.015625, "residual_multiplier": 0.22, "logits_scaling": 8.0,
         "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0},
-    }),
+    # Its muP multipliers (embeddings x12, attention 1/64, logits /8) keep a few-step tiny model's logits
+    # near flat (top probability ~0.1 at every position, 60 or 200 steps alike), where int4's rounding flips
+    # top-1 on 30% of positions (its fp32 build matches transformers exactly): released at int8 instead.
+    }, quantized="int8"),
     # OLMo-1B: non-parametric LayerNorm, no GQA, untied.
     Family("olmo", "OlmoConfig", "OlmoForCausalLM", "OLMo-1B-hf", (*ATTN, *GATED_MLP), {
         **SHAPE, "num_key_value_heads": 4, "tie_word_embeddings": False, "max_position_embeddings": 2048,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }),
-    # SmolLM3-3B: every 4th layer without RoPE (NoPE), tied, GQA.
+    # SmolLM3-3B: tied, GQA; its every-4th-layer NoPE (no_rope_layers 0) is what the builder cannot build
+    # (refused: test_refusals.py), so the 2 layers here are its first two, both with RoPE.
     Family("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", "SmolLM3-3B", (*ATTN, *GATED_MLP), {
-        **SHAPE, "tie_word_embeddings": True, "max_position_embeddings": 8192, "no_rope_layers": [1, 0],
+        **SHAPE, "tie_word_embeddings": True, "max_position_embeddings": 8192, "no_rope_layers": [1, 1],
         "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0},
     }),
 ]}

@@ -1,10 +1,11 @@
-"""Every family the builder supports, released end to end: `relctl promote` at fp32, then at int4.
+"""Every family the builder supports, released end to end: `relctl promote` at fp32, then quantized (int4;
+int8 for Granite, see specs.py).
 
 Each family's trained checkpoint (with its LoRA adapter) is logged as a training run in a fresh project
 and promoted with no release.yaml (validation only, no gates): the adapter is merged, the model built by
 onnxruntime-genai, validated against its fp32 reference and registered. The fp32 build must compute what
 transformers computes on the merged checkpoint (top-1 on every position of the validation prompts), and
-the int4 build must pass the default validation thresholds against that reference.
+the quantized build must pass the default validation thresholds against that reference.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def hf_parity(project: Path, merged_from: Built, prompts: list[str]) -> float:
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_family_releases_at_fp32_and_int4(name: str, family_checkpoint: Callable[[str], Built],
+def test_family_releases_at_fp32_and_quantized(name: str, family_checkpoint: Callable[[str], Built],
                                           family_shared: Shared, tmp_path: Path) -> None:
     built = family_checkpoint(name)
     project = tmp_path / "project"
@@ -71,17 +72,18 @@ def test_family_releases_at_fp32_and_int4(name: str, family_checkpoint: Callable
     started = time.perf_counter()
     fp32 = promoted(relctl(project, "promote", run_id, "--precision", "fp32", "--json"))
     fp32_s = time.perf_counter() - started
-    int4 = promoted(relctl(project, "promote", run_id, "--precision", "int4", "--json"))
-    int4_s = time.perf_counter() - started - fp32_s
+    quantized = FAMILIES[name].quantized
+    quant = promoted(relctl(project, "promote", run_id, "--precision", quantized, "--json"))
+    quant_s = time.perf_counter() - started - fp32_s
     versions = Registry(resolve_store(project))
     assert versions.get_version(name, str(fp32["version"])).tags["relctl.precision"] == "fp32"
-    assert versions.get_version(name, str(int4["version"])).tags["relctl.precision"] == "int4"
-    metrics = int4["validation"]["metrics"]  # type: ignore[index]
-    # Trained logits: int4 keeps nearly every top-1 of its fp32 reference (the default threshold is 0.90).
+    assert versions.get_version(name, str(quant["version"])).tags["relctl.precision"] == quantized
+    metrics = quant["validation"]["metrics"]  # type: ignore[index]
+    # Trained logits: the quantized build keeps nearly every top-1 of its reference (the default threshold is 0.90).
     assert metrics["top1_agreement"] >= 0.9, metrics
     prompts = [json.loads(line)["prompt"] for line in
                (family_shared.data_dir / "validation" / "prompts.jsonl").read_text().splitlines()][:8]
     parity = hf_parity(project, built, prompts)
-    print(f"{name}: build {built.seconds:.1f}s, fp32 {fp32_s:.1f}s, int4 {int4_s:.1f}s, "
-          f"int4 top-1 {metrics['top1_agreement']:.3f}, fp32 vs transformers top-1 {parity:.3f}")
+    print(f"{name}: build {built.seconds:.1f}s, fp32 {fp32_s:.1f}s, {quantized} {quant_s:.1f}s, "
+          f"{quantized} top-1 {metrics['top1_agreement']:.3f}, fp32 vs transformers top-1 {parity:.3f}")
     assert parity >= 0.99, f"{name}: the fp32 build disagrees with transformers on {1 - parity:.1%} of positions"
