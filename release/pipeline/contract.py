@@ -27,6 +27,7 @@ from release.core.checkpoint import PICKLE_SUFFIXES
 from release.core.errors import InputError
 from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
+from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.memory.families import check_supported
 from release.registry import Registry
 from release.registry import tags as T
@@ -90,6 +91,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                             cfg.convert.execution_provider)
             # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
             check_supported(config, f"{ckpt}/config.json")
+            if "adapter_config.json" in files:
+                check_adapter_base(registry, run_id, ckpt, config, report)
         except InputError as exc:
             need(False, exc.message if exc.message.startswith(ckpt) else f"{ckpt}/{exc.message}", exc.hint or "")
     if not files:
@@ -147,3 +150,24 @@ def read_run_config(registry: Registry, run_id: str, ckpt: str) -> dict[str, Any
         raise InputError("config.json: top level is not an object",
                          hint="log the config.json that model.config.save_pretrained(dir) writes")
     return data
+
+
+def check_adapter_base(registry: Registry, run_id: str, ckpt: str, config: dict[str, Any],
+                       report: ContractReport) -> None:
+    """An adapter recorded for another base than the run's is refused naming both (a warning when either
+    side records no name)."""
+    with tempfile.TemporaryDirectory(prefix="relctl-adapter-") as tmp:
+        path = registry.download_run_artifact(run_id, f"{ckpt}/adapter_config.json", Path(tmp))
+        try:
+            adapter = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            adapter = None
+    if not isinstance(adapter, dict):
+        report.problems.append(Problem(f"{ckpt}/adapter_config.json is not a JSON object",
+                                       "save the adapter with save_pretrained()"))
+        return
+    check = check_base_names(adapter, config)
+    if check.error:
+        report.problems.append(Problem(f"{ckpt}/{check.error}", BASE_NAME_HINT))
+    elif check.warning:
+        report.warnings.append(check.warning)

@@ -29,6 +29,7 @@ from release.core.errors import InputError, StageFailed
 from release.core.faults import pause_point
 from release.core.numerics import tensor_max_abs
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
+from release.lora.base_name import ADAPTER_KEY, BASE_NAME_HINT, check_base_names
 from release.lora.settings import read_settings
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
 
@@ -50,7 +51,7 @@ def merge_checkpoint(base_dir: Path, adapter_dir: Path, out_dir: Path,
     files are written. Raises InputError (nothing written) for anything that cannot merge exactly.
     """
     started = time.monotonic()
-    headers, plan, settings_base = _check_inputs(base_dir, adapter_dir)
+    headers, plan, settings_base, name_warning = _check_inputs(base_dir, adapter_dir)
     _check_out_dir(out_dir, sum(h.path.stat().st_size for h in headers))
     tmp = out_dir.with_name(f".{out_dir.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -82,23 +83,27 @@ def merge_checkpoint(base_dir: Path, adapter_dir: Path, out_dir: Path,
         seconds=round(time.monotonic() - started, 3),
         base_model_name_or_path=settings_base,
         tokenizer_from=tokenizer_from,
-        notes=_notes(plan),
+        notes=_notes(plan) + ([name_warning] if name_warning else []),
     )
 
 
-def _check_inputs(base_dir: Path, adapter_dir: Path) -> tuple[list[SafetensorsHeader], AdapterPlan, str | None]:
+def _check_inputs(base_dir: Path, adapter_dir: Path
+                  ) -> tuple[list[SafetensorsHeader], AdapterPlan, str | None, str | None]:
     for folder in {base_dir, adapter_dir}:
         if not folder.is_dir():
             raise InputError(f"{folder}: not a folder", hint="pass the checkpoint folder (config.json + *.safetensors)")
         refuse_pickles(folder)
-    read_config(base_dir)
+    base_config = read_config(base_dir)
     settings = read_settings(adapter_dir)
+    names = check_base_names({ADAPTER_KEY: settings.base_model_name_or_path}, base_config)
+    if names.error:
+        raise InputError(names.error, hint=BASE_NAME_HINT)
     headers = [read_header(p) for p in weight_files(base_dir)]
     check_index(base_dir, {h.path: h for h in headers})
     plan = plan_adapter(adapter_dir, settings, _index_base(headers))
     # A NaN or Inf in the adapter spreads over every weight it folds into; the adapter is small to scan.
     tensor_max_abs([adapter_dir / ADAPTER_FILE])
-    return headers, plan, settings.base_model_name_or_path
+    return headers, plan, settings.base_model_name_or_path, names.warning
 
 
 def _index_base(headers: list[SafetensorsHeader]) -> BaseIndex:

@@ -23,6 +23,7 @@ from release.backends.base import (
     MemoryFacts,
     Support,
 )
+from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -31,14 +32,6 @@ if TYPE_CHECKING:
 GENAI_CONFIG = "genai_config.json"
 MODEL_FILE = "model.onnx"
 
-# Text decoders the builder turns into a genai model (builder.py's architecture switch, minus
-# multimodal and speech models, which relctl does not serve).
-GENAI_ARCHITECTURES = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM",
-    "PhiForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "GraniteForCausalLM",
-    "OlmoForCausalLM", "NemotronForCausalLM", "SmolLM3ForCausalLM", "InternLM2ForCausalLM",
-    "Ernie4_5ForCausalLM",
-})
 # The builder's own list of valid precision/provider pairs (it prints it and then builds anyway: an fp16
 # CPU graph that fails at the second generation step, so relctl refuses it up front).
 GENAI_COMBINATIONS = frozenset({
@@ -65,6 +58,9 @@ class OnnxruntimeGenaiBackend(Backend):
                               "config.json has no 'architectures' entry (save it with model.save_pretrained())")
         if arch not in GENAI_ARCHITECTURES:
             return Support.no(arch, f"{arch} is not a family its model builder exports")
+        problems = genai_config_problems(config)
+        if problems:
+            return Support.no(arch, f"its model builder cannot build this {arch}: {'; '.join(problems)}")
         return Support.yes(arch)
 
     def recognizes(self, model_dir: Path) -> bool:

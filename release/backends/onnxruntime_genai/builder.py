@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from release.backends.onnxruntime_genai.families import builder_config
 from release.backends.onnxruntime_genai.model import GenaiModel
+from release.core.checkpoint import read_config
 from release.core.errors import InputError, StageFailed
 from release.core.faults import pause_point
 from release.core.subprocs import start_child, stop_child
@@ -25,9 +27,10 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
     """Run the model builder in a subprocess (isolates its memory and its prints) into `out`."""
     cache = out.with_name(out.name + ".cache")
     shutil.rmtree(cache, ignore_errors=True)
+    source = builder_input(model_dir, out.with_name(out.name + ".input"))
     cmd = [
         sys.executable, "-m", "onnxruntime_genai.models.builder",
-        "-i", str(model_dir), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
+        "-i", str(source), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
     ]
     try:
         with log_path.open("w") as log:
@@ -43,11 +46,29 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
                 raise
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        if source != model_dir:
+            shutil.rmtree(source, ignore_errors=True)
     if proc.returncode != 0 or not (out / "model.onnx").is_file() or not (out / "genai_config.json").is_file():
         raise StageFailed(
             f"convert: onnxruntime-genai's model builder failed (exit {proc.returncode}): {last_line(log_path)}",
             hint=f"see the full builder log in {log_path}",
         )
+
+
+def builder_input(model_dir: Path, shadow: Path) -> Path:
+    """The folder the builder reads: `model_dir`, or `shadow` (links to its files) with config.json restated
+    by families.builder_config when the builder would misread the original."""
+    config = read_config(model_dir)
+    restated = builder_config(config)
+    if restated == config:
+        return model_dir
+    shutil.rmtree(shadow, ignore_errors=True)
+    shadow.mkdir(parents=True)
+    for path in model_dir.iterdir():
+        if path.name != "config.json":
+            (shadow / path.name).symlink_to(path.resolve())
+    (shadow / "config.json").write_text(json.dumps(restated, indent=2) + "\n")
+    return shadow
 
 
 def align_tokenizer(model_dir: Path, out: Path) -> list[str]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from release.backends.onnxruntime_genai.model import kv_floor, read_genai_config
+
 
 class GenaiBatchProbe:
     """A loaded og.Model that runs one batch of `batch` prompts of `prompt` tokens for `steps` tokens."""
@@ -23,13 +25,15 @@ class GenaiBatchProbe:
         if provider != "cpu":
             config.append_provider(provider)
         self.model: Any = og.Model(config)
+        self.kv_floor = kv_floor(read_genai_config(model_dir))
 
     def run(self, batch: int, max_length: int, prompt: int, steps: int) -> float:
         """Prefill the batch, then decode `steps` tokens; the seconds to the first token."""
         og = self._og
         params = og.GeneratorParams(self.model)
         # The KV cache is allocated for max_length up front: the planned context.
-        params.set_search_options(max_length=max_length, do_sample=False, batch_size=batch)
+        # (a sliding-window model runs with no less than its window, whatever the plan's context).
+        params.set_search_options(max_length=max(max_length, self.kv_floor), do_sample=False, batch_size=batch)
         started = time.perf_counter()
         generator = og.Generator(self.model, params)
         ids = (np.arange(batch * prompt, dtype=np.int32).reshape(batch, prompt) % 7) + 3

@@ -47,6 +47,13 @@ def read_genai_config(model_dir: Path) -> dict[str, Any]:
     return data
 
 
+def kv_floor(genai_config: dict[str, Any]) -> int:
+    """The smallest KV capacity a genai model runs with: 0, or its sliding window when the builder gave the
+    window layers a bounded cache (GroupQueryAttention refuses a smaller one, whatever the prompt)."""
+    window = genai_config["model"]["decoder"].get("sliding_window") or {}
+    return int(window.get("window_size", 0)) if window.get("layers") else 0
+
+
 def open_tokenizer(model: Any) -> Any:
     """The og.Tokenizer of a loaded og.Model, configured to add special tokens like the training one."""
     import onnxruntime_genai as og  # noqa: PLC0415 - loads native libraries; only when a model is loaded
@@ -85,6 +92,12 @@ class GenaiModel:
     @property
     def context_length(self) -> int:
         return int(self._config["model"].get("context_length", 0)) or 2048
+
+    @property
+    def kv_floor(self) -> int:
+        """The smallest KV capacity the model runs with: 0, or its sliding window when the builder gave the
+        window layers a bounded cache (GroupQueryAttention refuses a smaller one, whatever the prompt)."""
+        return kv_floor(self._config)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -127,11 +140,14 @@ class GenaiModel:
                 hint="shorten the prompt",
             )
         params = og.GeneratorParams(self._model)
-        max_length = min(len(input_ids) + max_new_tokens, self.context_length)
+        # At least the KV floor (a sliding-window model), so the stop after max_new_tokens is counted here.
+        max_length = min(max(len(input_ids) + max_new_tokens, self.kv_floor), self.context_length)
         params.set_search_options(max_length=max_length, do_sample=False, num_beams=1)
         generator = og.Generator(self._model, params)
         generator.append_tokens(np.asarray(input_ids, dtype=np.int32))
-        while not generator.is_done():
+        for _ in range(max_new_tokens):
+            if generator.is_done():
+                return
             generator.generate_next_token()
             yield int(generator.get_next_tokens()[0])
 
@@ -161,6 +177,9 @@ class GenaiModel:
         decoder = self._config["model"]["decoder"]
         kv_heads = int(decoder.get("num_key_value_heads", decoder["num_attention_heads"]))
         head_size = int(decoder["head_size"])
+        window = decoder.get("sliding_window") or {}
+        # A bounded sliding-window cache is fed at its full capacity (empty: the mask says how much is used).
+        windowed = {int(i) for i in window.get("layers", [])}
         length = len(ids)
         feeds: dict[str, np.ndarray] = {}
         for graph_input in session.get_inputs():
@@ -177,7 +196,8 @@ class GenaiModel:
                         f"{MODEL_FILE}: past KV input {name} has unsupported type {graph_input.type}",
                         hint="convert for the cpu execution provider (fp32, fp16, int8 or int4)",
                     )
-                feeds[name] = np.zeros((1, kv_heads, 0, head_size), dtype=_ORT_DTYPES[graph_input.type])
+                past = self.kv_floor if int(name.split(".")[1]) in windowed else 0
+                feeds[name] = np.zeros((1, kv_heads, past, head_size), dtype=_ORT_DTYPES[graph_input.type])
             else:
                 raise InputError(
                     f"{MODEL_FILE}: unexpected graph input '{name}'",

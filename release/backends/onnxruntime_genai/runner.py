@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from release.backends.onnxruntime_genai.batching import BatchEngine
-from release.backends.onnxruntime_genai.model import open_tokenizer, read_genai_config
+from release.backends.onnxruntime_genai.model import kv_floor, open_tokenizer, read_genai_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
@@ -35,6 +35,7 @@ class GenaiRunner:
         self.settings = settings
         runtime = read_genai_config(model_dir)
         context_length = int(runtime["model"]["context_length"])
+        self.kv_floor = kv_floor(runtime)
         self.limits = ModelLimits(vocab_size=int(runtime["model"]["vocab_size"]), context_length=context_length)
         config = og.Config(str(model_dir))
         if settings.batching != "off":
@@ -85,7 +86,7 @@ class GenaiRunner:
         stream = self.tokenizer.create_stream()
         stops = StopMatcher(params.stop)
         count = 0
-        while not generator.is_done():
+        while not generator.is_done() and count < params.max_tokens:
             if job.cancel.is_set() or time.monotonic() >= job.deadline:
                 return "timeout", count
             generator.generate_next_token()
@@ -103,10 +104,11 @@ class GenaiRunner:
 
     def _search_params(self, job: Job) -> Any:
         params = job.params
-        max_length = len(job.prompt_ids) + params.max_tokens
-        options: dict[str, Any] = {"max_length": max_length}
+        wanted = len(job.prompt_ids) + params.max_tokens
+        # A sliding-window model needs a KV capacity of at least its window; the loop stops at max_tokens.
+        options: dict[str, Any] = {"max_length": min(max(wanted, self.kv_floor), self.limits.context_length)}
         if params.ignore_eos:
-            options["min_length"] = max_length
+            options["min_length"] = wanted
         if sampled(params):
             options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
             if params.seed is not None:
