@@ -11,7 +11,8 @@ The reason of every outcome is in the alias history entry; the version keeps onl
 
 from __future__ import annotations
 
-from release.canary.runner import CanaryResult
+from typing import TYPE_CHECKING
+
 from release.gating.contract import GateResult
 from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
@@ -19,13 +20,16 @@ from release.registry.lock import retry_busy
 from release.registry.states import REGISTERING, STOPPED
 from release.stages.register import ProductionMoved, promote_version
 
+if TYPE_CHECKING:  # the runner brings scipy (the judge): not for a promote that never reaches a canary
+    from release.canary.runner import CanaryResult
+
 REJECTED_TAG = T.REJECTED_REASON
 STATUS_TAG = T.gate_status("canary")
 
 
 def canary_outcome(result: CanaryResult | GateResult) -> tuple[str, str]:
     """(outcome, reason) of a canary run or of the canary gate's result (one that could not run: "fail")."""
-    if isinstance(result, CanaryResult):
+    if not isinstance(result, GateResult):  # the runner's CanaryResult
         return result.outcome, result.reason
     outcome = result.details.get("outcome")
     if not isinstance(outcome, str):
