@@ -151,5 +151,5 @@ def render(chain: dict[str, Any]) -> list[str]:
         if key in provenance:
             value = provenance[key]
             shown = ", ".join(f"{k} {v}" for k, v in sorted(value.items())) if isinstance(value, dict) else value
-            lines.append(f"  signed {key:<10}{shown}")
+            lines.append(f"  {'signed ' + key:<17}{shown}" if len(key) < 10 else f"  signed {key} {shown}")
     return lines

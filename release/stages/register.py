@@ -228,18 +228,18 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
     resumable = False
 
     def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest,
-                 signer: SigningKey | None = None) -> None:
+                 signer: SigningKey | None = None, builder: str = "relctl promote") -> None:
         super().__init__(inputs)
         self.registry, self.release, self.package = registry, run, package
         # Held here, never in the inputs: those are fingerprinted and written to the work folder.
-        self.signer = signer
+        self.signer, self.builder = signer, builder
 
-    def _sign(self, builder: str) -> None:
+    def _sign(self) -> None:
         if self.signer is None:
             return
         i = self.inputs
         sign_package(self.package.root, self.signer, provenance(i.model, self.package, i.lineage, i.extra_tags,
-                                                                self.release.run_id, builder))
+                                                                self.release.run_id, self.builder))
 
     def run(self, out: Path) -> RegisterResult:
         i, registry = self.inputs, self.registry
@@ -258,7 +258,7 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
-            self._sign("relctl register" if i.target == "none" else "relctl promote")
+            self._sign()
             version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
                               state="registered" if i.target == "none" else "registering", numbers=i.numbers,
                               details=i.details)
@@ -310,5 +310,5 @@ def register_package(registry: Registry, package: PackageManifest, name: str, pr
                                 target="production" if production else "none", reason="relctl register --production",
                                 package_dir=package.root)
         with tempfile.TemporaryDirectory() as tmp:
-            result = RegisterStage(inputs, registry, run, package, signer).run(Path(tmp))
+            result = RegisterStage(inputs, registry, run, package, signer, "relctl register").run(Path(tmp))
     return result.version, run.run_id
