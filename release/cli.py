@@ -119,6 +119,7 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
     from release.commands import trace as tr
     from release.core.errors import Blocked
     from release.registry.client import open_registry
+    from release.signing.keys import project_trust
 
     if response_id:
         model, version, served = tr.target_from_log(log_dir or ctx.project_dir / ".relctl" / "request-logs",
@@ -129,7 +130,7 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
         (model, version), served = tr.parse_spec(spec), None
     else:
         raise InputError("nothing to trace", hint="pass a headers file, MODEL:VERSION or --response-id ID")
-    chain = tr.trace(open_registry(ctx.project_dir), model, version, served)
+    chain = tr.trace(open_registry(ctx.project_dir), model, version, served, project_trust(ctx.project_dir))
     emit(chain, as_json, lambda: click.echo("\n".join(tr.render(chain))))
     if not chain["integrity"]["ok"]:
         raise Blocked(f"{model} v{version}: {chain['integrity']['problem']}",
@@ -199,6 +200,21 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
             click.echo(f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})")
 
     emit([asdict(m) for m in moves], as_json, text)
+
+
+@cli.command()
+@click.argument("spec", metavar="MODEL/VERSION|MODEL@ALIAS|PACKAGE_DIR")
+@json_option
+@click.pass_obj
+@handled
+def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
+    """Check a version's package against its manifest and its signature by a trusted key (exit 2 if not)."""
+    from release.commands import api
+
+    data = api.verify(spec, ctx.project_dir)
+    what = f"{data['model']} v{data['version']}" if "model" in data else data["package"]
+    emit(data, as_json, lambda: click.echo(f"{what}: verified, signed by {data['signed_by']} "
+                                           f"({str(data['fingerprint'])[:16]})"))
 
 
 @cli.command()

@@ -94,6 +94,18 @@ class ServingConfig(Strict):
     server: ServerSettings = Field(default_factory=ServerSettings, description="relctl serve: limits, queue, logs")
 
 
+class SigningConfig(Strict):
+    # Paths, relative to release.yaml's folder. The private key is a secret: only its path is ever named.
+    key: str | None = Field(None, description="PEM EC private key (P-256/384/521) that signs each release; "
+                                              "RELCTL_SIGNING_KEY (a path or the PEM itself) overrides it")
+    trusted_keys: list[str] = Field(default_factory=list, description="PEM public keys whose signatures serve, "
+                                                                     "roll back and canary (plus RELCTL_TRUSTED_KEYS)")
+    unsigned: Literal["refuse", "warn"] = Field(
+        "refuse", description="registered versions without a signature (released before signing): refuse them "
+                              "(serve, rollback, canary, gates) or warn; a package folder is always served with a "
+                              "warning. Only when trusted keys are configured")
+
+
 class ReleaseConfig(Strict):
     model: str | None = Field(None, description="registered model name (letters, digits, '.', '_', '-'); "
                                                 "default: the run's experiment name")
@@ -102,6 +114,7 @@ class ReleaseConfig(Strict):
     convert: ConvertConfig = ConvertConfig()
     validation: ValidationConfig = ValidationConfig()
     serving: ServingConfig = ServingConfig()
+    signing: SigningConfig = SigningConfig()
     require: list[str] = Field(
         default_factory=list,
         description="gate ids that must be configured and must pass (not skip) for a release, e.g. [eval, safety]")

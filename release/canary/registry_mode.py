@@ -16,6 +16,7 @@ from release.core.errors import InputError, ReleaseError
 from release.pipeline.versions import fetch_package
 from release.registry import CANDIDATE, PRODUCTION, Registry
 from release.registry.client import open_registry
+from release.signing.keys import project_trust
 
 
 def production_moved(registry: Registry, model: str, production: str) -> Callable[[], str | None]:
@@ -48,8 +49,10 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         raise InputError(f"{model}: v{candidate} already is production", hint="pass --version with another version")
     registry.get_version(model, candidate)
     packages = work / "packages"
-    prod_pkg = fetch_package(registry, model, production, packages).root
-    cand_pkg = fetch_package(registry, model, candidate, packages).root
+    # Both verified (manifest digest and signature) before either is served or any alias moves.
+    trust = project_trust(project_dir)
+    prod_pkg = fetch_package(registry, model, production, packages, trust=trust, warn=say).root
+    cand_pkg = fetch_package(registry, model, candidate, packages, trust=trust, warn=say).root
     if aliases.get(CANDIDATE) != candidate:
         start_canary(registry, model, candidate)
     say(f"canary {model}: v{candidate} against production v{production}")

@@ -7,6 +7,7 @@ config are imported by the functions that use them, so a read starts with mlflow
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from release.registry import tags as T
 from release.registry.aliases import history_from_tags
 from release.registry.client import open_registry
 from release.registry.store import connect, resolve_store
+from release.signing.keys import project_signing_key, project_trust
 
 if TYPE_CHECKING:
     from release.pipeline.progress import Progress
@@ -81,10 +83,13 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     for note in registry.reap_dead_runs(model):
         (progress or Progress(quiet=True)).note(note)
     verified: set[str] = set()
+    trust = project_trust(project_dir)
 
     def verify(target: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            fetch_package(registry, model, target, Path(tmp))  # refuses a package that differs from its release
+            # refuses a package that differs from its release, or is not signed by a trusted key
+            fetch_package(registry, model, target, Path(tmp), trust=trust,
+                          warn=(progress or Progress(quiet=False)).note)
         verified.add(target)
 
     # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
@@ -121,7 +126,41 @@ def register(package_dir: Path, model: str, project_dir: Path, production: bool 
     from release.stages.register import register_package  # noqa: PLC0415 - a stage: as above
 
     package = verify_package(package_dir)
-    return register_package(open_registry(project_dir), package, model, production)
+    signer = project_signing_key(project_dir)  # before anything is written: a bad key fails first
+    return register_package(open_registry(project_dir), package, model, production, signer)
+
+
+def verify(spec: str, project_dir: Path) -> dict[str, Any]:
+    """`relctl verify`: a registered version (MODEL/VERSION, MODEL@ALIAS) or a package folder, checked against
+    its manifest and signed by a trusted key. Unsigned is refused here whatever signing.unsigned says."""
+    from release.core.package import verify_package  # noqa: PLC0415 - keeps api's import light
+    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - as above
+    from release.serving.source import parse_spec  # noqa: PLC0415 - as above
+    from release.signing.package import verify_signature  # noqa: PLC0415 - as above
+
+    trust = project_trust(project_dir)
+    if not trust.enforced:
+        raise InputError("no trusted keys configured, so no signature can be verified",
+                         hint="list public keys in release.yaml signing.trusted_keys or RELCTL_TRUSTED_KEYS")
+    trust = dataclasses.replace(trust, unsigned="refuse")
+    if Path(spec).is_dir():
+        package = verify_package(Path(spec))
+        verdict = verify_signature(package.root, trust, Path(spec).name)
+        return {"package": spec, "signed_by": verdict.signed_by, "fingerprint": verdict.fingerprint,
+                "provenance": verdict.provenance}
+    ref = parse_spec(spec)
+    registry = open_registry(project_dir)
+    version = ref.version
+    if version is None:
+        found = registry.version_for(ref.name, str(ref.alias))
+        if found is None:
+            raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.name}")
+        version = str(found.version)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = fetch_package(registry, ref.name, version, Path(tmp), trust=trust)
+        verdict = verify_signature(package.root, trust, f"{ref.name} v{version}")
+    return {"model": ref.name, "version": version, "signed_by": verdict.signed_by,
+            "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:

@@ -3,7 +3,8 @@
 A response of `relctl serve` names its version in the X-Relctl-Model / X-Relctl-Version /
 X-Relctl-Serving-Config headers (and its id is in the request log). From there: the version, its
 serving-config hash, the release run and its gate results, the training run, git commit, data and
-weight hashes — and whether the package still matches, file by file, what the registry recorded.
+weight hashes — and whether the package still matches, file by file, what the registry recorded, and
+who signed it, with the provenance the signature covers (release/signing).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from release.core.errors import InputError, RegistryError
 from release.pipeline.versions import fetch_package
 from release.registry import Registry, links
 from release.registry import tags as T
+from release.signing.keys import Trust
+from release.signing.package import verify_signature
 
 
 def parse_headers(text: str) -> dict[str, str]:
@@ -62,7 +65,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
                      hint="e.g. relctl trace tiny-llm:3, or relctl trace headers.txt")
 
 
-def trace(registry: Registry, model: str, version: str, served_config: str | None = None) -> dict[str, Any]:
+def trace(registry: Registry, model: str, version: str, served_config: str | None = None,
+          trust: Trust | None = None) -> dict[str, Any]:
     """The whole chain for `model` v`version`, with the package verified against the registry."""
     mv = registry.get_version(model, version)
     tags = dict(mv.tags)
@@ -98,11 +102,18 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
     out["weights_sha256"] = {k.removesuffix(T.SHA256_SUFFIX): v
                              for k, v in T.with_prefix(lineage, T.WEIGHTS_PREFIX).items()}
     out["config_sha256"] = lineage.get(T.CONFIG_SHA256)
+    trust = trust or Trust()
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            fetch_package(registry, model, version, Path(tmp), mv)
-            out["integrity"] = {"ok": True, "checked": f"every file against the manifest recorded at release "
-                                                       f"({tags.get(T.MANIFEST_SHA256, '')[:16]})"}
+            package = fetch_package(registry, model, version, Path(tmp), mv, trust=trust, warn=lambda _: None)
+            verdict = verify_signature(package.root, trust, f"{model} v{version}")
+            checked = f"every file against the manifest recorded at release ({tags.get(T.MANIFEST_SHA256, '')[:16]})"
+            if verdict.status == "verified":
+                checked += f" and the signature by {verdict.signed_by} ({str(verdict.fingerprint)[:16]})"
+            out["integrity"] = {"ok": True, "checked": checked}
+            out["signature"] = {"status": verdict.status, "signed_by": verdict.signed_by,
+                                "fingerprint": verdict.fingerprint, "note": verdict.note}
+            out["provenance"] = verdict.provenance
         except InputError as exc:
             out["integrity"] = {"ok": False, "problem": exc.message}
     return out
@@ -129,4 +140,15 @@ def render(chain: dict[str, Any]) -> list[str]:
     integrity = chain["integrity"]
     verdict = f"verified: {integrity['checked']}" if integrity["ok"] else f"TAMPERED: {integrity['problem']}"
     lines.append(f"  package          {verdict}")
+    signature = chain.get("signature")
+    if signature:
+        lines.append(f"  signature        {signature['status']}"
+                     + (f" by {signature['signed_by']} ({str(signature['fingerprint'])[:16]})"
+                        if signature["signed_by"] else f" ({signature['note']})"))
+    provenance = chain.get("provenance") or {}
+    for key in ("release_run", "relctl_version", "code_commit", "gates"):
+        if key in provenance:
+            value = provenance[key]
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(value.items())) if isinstance(value, dict) else value
+            lines.append(f"  {'signed ' + key:<17}{shown}" if len(key) < 10 else f"  signed {key} {shown}")
     return lines

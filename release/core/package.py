@@ -5,6 +5,9 @@ Layout of a package folder:
     source/              the training checkpoint's config.json / generation_config.json, for traceability
     relctl-package.json  manifest: sha256 of every other file, the backend that built it (id and version),
                          lineage, precision, serving config hash
+    relctl-provenance.json, relctl-package.sig   added when a release signs the package (release/signing):
+                         outside the manifest, which was written before them; the signature covers every
+                         other file, the manifest and the provenance included
 Checksums are verified before a package is served or rolled back to (`verify_package`); every other fact
 about the model folder comes from the backend the manifest names (`release.backends.backend_of`).
 """
@@ -36,6 +39,11 @@ class Backend(Protocol):
     def runtime_config(self, model_dir: Path) -> dict[str, Any]: ...
 
 MANIFEST = "relctl-package.json"
+# Written by release/signing after the gates passed, so never listed in the manifest (the signature covers
+# the manifest instead). Named here because verify_package must not take them for files added by hand.
+SIGNATURE = "relctl-package.sig"
+PROVENANCE = "relctl-provenance.json"
+UNLISTED = frozenset({MANIFEST, SIGNATURE, PROVENANCE})
 FORMAT = 2   # 2: the manifest names its backend; format 1 packages were all onnxruntime-genai
 SOURCE_FILES = ("config.json", "generation_config.json")
 # Where a released package lives in its release run's artifacts (`runs:/<release run>/package`).
@@ -139,7 +147,7 @@ def verify_package(root: Path, manifest_sha256: str | None = None) -> PackageMan
             hint="the package was rewritten after release; restore it from the release run or re-promote",
         )
     data = json.loads(path.read_text())
-    actual = sha256_tree(root, exclude=frozenset({MANIFEST}))
+    actual = sha256_tree(root, exclude=UNLISTED)
     expected: dict[str, str] = data["files"]
     for rel, digest in expected.items():
         if rel not in actual:

@@ -16,18 +16,19 @@ from release.pipeline.versions import fetch_package
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.runs import ReleaseRun
+from release.signing.keys import Trust
 
 PLOTS_ARTIFACT = "plots"
 
 
-def production_ref(registry: Registry, name: str, dest: Path) -> ProductionRef | None:
-    """The current production version with its package downloaded and checksum-verified."""
+def production_ref(registry: Registry, name: str, dest: Path, trust: Trust) -> ProductionRef | None:
+    """The current production version with its package downloaded, checksum- and signature-verified."""
     if not registry.model_exists(name):
         return None
     mv = registry.version_for(name, PRODUCTION)
     if mv is None:
         return None
-    package = fetch_package(registry, name, str(mv.version), dest)
+    package = fetch_package(registry, name, str(mv.version), dest, trust=trust)
     metrics, details = registry.recorded_numbers(mv)
     return ProductionRef(version=str(mv.version), package_dir=package.root, tags={**details, **mv.tags},
                          metrics=metrics)

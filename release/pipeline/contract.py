@@ -32,6 +32,7 @@ from release.memory.families import check_supported
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import RunRecord
+from release.signing.keys import signing_problem
 from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
 
 
@@ -126,6 +127,9 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(EVAL_ARTIFACT in listed, f"the eval gate needs an eval set: run '{run_id}' has no {EVAL_ARTIFACT}",
              "log data/eval.jsonl with the run or set gates.eval.dataset in release.yaml")
     report.problems += [p for gate in gates for p in preflight(gate, config_dir)]
+    key_problem = signing_problem(cfg.signing, config_dir or Path.cwd())  # a bad key fails here, not at register
+    if key_problem is not None:
+        report.problems.append(Problem(*key_problem))
     tags = run.tags
     if T.TRAINING_GIT_COMMIT not in tags:
         report.warnings.append(f"run '{run_id}' has no {T.TRAINING_GIT_COMMIT} tag: the release cannot be "

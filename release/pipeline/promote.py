@@ -55,6 +55,7 @@ from release.registry.client import logged_model_id
 from release.registry.errors import as_registry_error
 from release.registry.runs import ReleaseRun
 from release.registry.store import Store
+from release.signing.keys import SigningKey, Trust, signing_key, trusted_keys
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -76,6 +77,8 @@ class Promotion:
         self.gates_markdown: str | None = None
         self.pipeline: Pipeline | None = None
         self.recorded: dict[str, float] = {}   # numbers logged to the version's LoggedModel by this release
+        self.signer: SigningKey | None = None
+        self.trust = Trust()
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: lineage, validation, memory, then the gate table and a link to the HTML report."""
@@ -96,6 +99,13 @@ class Promotion:
             self.progress.note(warning)
         backend = contract.backend
         name = contract.model
+        # Loaded now (check_run already refused a bad key): the key signs at register, the trust verifies
+        # the production version the gates compare with.
+        self.signer = signing_key(self.cfg.signing, self._repo_anchor())
+        self.trust = trusted_keys(self.cfg.signing, self._repo_anchor())
+        if self.signer is None:
+            self.progress.note("no signing key configured (signing.key or RELCTL_SIGNING_KEY): the release will "
+                               "be unsigned")
         if backend is None or name is None:  # check_run names every problem that leaves either unknown
             raise ReleaseError(f"run '{run_id}': the run contract found no problem, yet chose no backend or name")
         with promote_lock(f"{self.registry.store.tracking_uri}|{run_id}", f"run {run_id}",
@@ -184,7 +194,7 @@ class Promotion:
             raise Blocked(reason, hint="lower serving.concurrency or serving.context_tokens, choose a smaller "
                                        "precision, or plan a larger accelerator (serving.gpu_memory_gib)")
         package = self._package(pipe, name, report, candidate, checkpoint, validation)
-        production = production_ref(self.registry, name, pipe.work_dir / "production")
+        production = production_ref(self.registry, name, pipe.work_dir / "production", self.trust)
         if production is not None:
             report.production = {"version": production.version, "metrics": production.metrics}
         self._gates("before_register", gates, name, package, intake, report, production, None)
@@ -346,7 +356,7 @@ class Promotion:
             target="candidate" if under_canary else "production",
             reason=f"promoted from training run {report.training_run}",
             expected_production=production.version if production else None, package_dir=package.root)
-        done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package))
+        done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package, self.signer))
         result = done.result
         if result.outcome != "unchanged":
             self.recorded |= inputs.numbers

@@ -2,12 +2,16 @@
 
 The checksum that counts is the one recorded on the version when it was released
 (`relctl.package_manifest_sha256`): the manifest must still have that digest, and every file must still
-match the manifest. A package whose files and manifest were rewritten together is refused.
+match the manifest. A package whose files and manifest were rewritten together is refused. Someone who can write the
+registry's tags too is stopped by the signature (release/signing): with trusted keys configured, every
+fetched version must be signed by one of them, the files checked against the signed statement.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from release.core.errors import InputError, RegistryError
@@ -15,6 +19,8 @@ from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_packa
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import VersionRecord
+from release.signing.keys import Trust
+from release.signing.package import verify_signature
 
 
 def package_uri(tags: dict[str, str]) -> str | None:
@@ -25,9 +31,15 @@ def package_uri(tags: dict[str, str]) -> str | None:
     return f"runs:/{release_run}/{PACKAGE_ARTIFACT}" if release_run else None
 
 
-def fetch_package(registry: Registry, name: str, version: str, dest: Path,
-                  mv: VersionRecord | None = None) -> PackageManifest:
-    """`mv`: the version when the caller has read it already (not read again)."""
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def fetch_package(registry: Registry, name: str, version: str, dest: Path, mv: VersionRecord | None = None, *,
+                  trust: Trust, warn: Callable[[str], None] = _stderr) -> PackageManifest:
+    """Download version `version` of `name` under `dest` and verify it: against the manifest digest the
+    registry recorded, then its signature against `trust` (every caller names the trust: none forgets it).
+    `mv`: the version when the caller has read it already (not read again)."""
     mv = mv or registry.get_version(name, version)
     uri = package_uri(dict(mv.tags))
     if not uri:
@@ -40,7 +52,15 @@ def fetch_package(registry: Registry, name: str, version: str, dest: Path,
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     local = registry.download_uri(uri, target)
+    return verify_registered(local, name, version, anchor, trust, warn)
+
+
+def verify_registered(local: Path, name: str, version: str, anchor: str, trust: Trust,
+                      warn: Callable[[str], None] = _stderr) -> PackageManifest:
+    """A downloaded (or cached) package of `name` v`version`: its manifest digest, files and signature."""
     try:
-        return verify_package(local, manifest_sha256=anchor)
+        manifest = verify_package(local, manifest_sha256=anchor)
     except InputError as exc:
         raise InputError(f"{name} v{version}: {exc.message}", hint=exc.hint) from exc
+    verify_signature(local, trust, f"{name} v{version}", warn=warn)
+    return manifest

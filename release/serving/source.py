@@ -3,14 +3,17 @@
 
 A registered version is fetched through release.pipeline.versions.fetch_package, which verifies it against the
 manifest digest recorded on the version when it was released, and kept in a cache under the project's
-state folder (re-verified against that digest before each use). A local folder is verified against its
-own manifest only; it is served as version `unregistered`.
+state folder (re-verified against that digest and its signature before each use). A local folder is
+verified against its own manifest and, when it carries one, its signature (an unsigned folder is served
+with a warning); it is served as version `unregistered`. Trusted keys: the project's release.yaml
+`signing.trusted_keys` and RELCTL_TRUSTED_KEYS (release/signing/keys.py).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from release.core.errors import InputError
 from release.core.package import PackageManifest, verify_package
 from release.registry.store import STATE_DIR, resolve_store
 from release.serving.metrics import Identity
+from release.signing.keys import Trust, project_trust
+from release.signing.package import verify_signature
 
 UNREGISTERED = "unregistered"
 SPEC_HELP = "a package folder, MODEL@ALIAS, MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION"
@@ -60,16 +65,23 @@ def parse_spec(spec: str) -> VersionRef:
 def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None = None) -> ServedPackage:
     """A verified package for `spec` (see the module docstring for the forms it takes)."""
     path = Path(spec)
+    trust = project_trust(project_dir, environ)
     if not spec.startswith("models:/") and path.is_dir():
         manifest = verify_package(path)
+        verify_signature(path, trust, path.name, folder=True, warn=_stderr)
         name = manifest.model_name or path.name
         return ServedPackage(manifest, Identity(name, UNREGISTERED, manifest.serving_config_hash))
-    return _from_registry(parse_spec(spec), project_dir, environ)
+    return _from_registry(parse_spec(spec), project_dir, environ, trust)
 
 
-def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None) -> ServedPackage:
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None,
+                   trust: Trust) -> ServedPackage:
     # mlflow loads only when serving from the registry, not for a package folder
-    from release.pipeline.versions import fetch_package  # noqa: PLC0415
+    from release.pipeline.versions import fetch_package, verify_registered  # noqa: PLC0415
     from release.registry import Registry  # noqa: PLC0415
     from release.registry import tags as T  # noqa: PLC0415
 
@@ -86,10 +98,13 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
     anchor = registry.get_version(ref.name, version).tags.get(T.MANIFEST_SHA256)
     cache = project_dir / STATE_DIR / "serve-cache" / ref.name / version
     manifest = _cached(cache, anchor)
-    if manifest is None:
+    if manifest is not None:  # the cache matched the registry's digest; its signature is checked all the same
+        verify_registered(cache, ref.name, version, str(anchor), trust, warn=_stderr)
+    else:
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        fetched = fetch_package(registry, ref.name, version, partial)  # verified against the registry's digest
+        # verified against the registry's digest and the trusted keys
+        fetched = fetch_package(registry, ref.name, version, partial, trust=trust, warn=_stderr)
         shutil.rmtree(cache, ignore_errors=True)
         fetched.root.rename(cache)
         shutil.rmtree(partial, ignore_errors=True)

@@ -9,6 +9,11 @@ Idempotent against the registry: a version is created with `relctl.release_state
 becomes `released` once its aliases moved. A re-run after a crash in between finds that version (same
 package content, still registering) and finishes it instead of creating a twin. Under the model's
 lock, the alias move re-checks that production is still the version the gates compared with.
+
+With a signing key (release/signing/keys.py), the package is signed here, after every gate before
+register passed and before it is logged: `relctl-provenance.json` (which runs, data, weights, code and
+gates produced it) is written into the folder and the OpenSSF model-signing signature covers it with
+every other file. What is logged as `package/` is what was signed.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from release import __version__
 from release.backends import backend_of
 from release.core.errors import RegistryError
 from release.core.faults import pause_point
@@ -30,6 +36,8 @@ from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO
 from release.registry.runs import LoggedModelRef, ReleaseRun
 from release.registry.states import REGISTERING, STOPPED
+from release.signing.keys import SigningKey
+from release.signing.package import sign_package
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 CONTENT_TAG = T.CONTENT_SHA256
@@ -91,6 +99,22 @@ def _exporter_tags(exporter: Any) -> dict[str, Any]:
     if isinstance(exporter, dict):
         return {f"{T.EXPORTER_PREFIX}{k}": v for k, v in exporter.items()}
     return {f"{T.EXPORTER_PREFIX}exporter": exporter} if exporter else {}
+
+
+def provenance(model: str, package: PackageManifest, lineage: dict[str, Any], gate_tags: dict[str, Any],
+               release_run: str, builder: str) -> dict[str, Any]:
+    """What the signature vouches for besides the bytes (SLSA-style): which training run, data, weights and
+    code made them, which release run and gates passed them, and which relctl built them."""
+    training = lineage.get("training", {})
+    ckpt = lineage.get("checkpoint", {})
+    repo = lineage.get("release_repo", {})
+    return {"model": model, "builder": builder, "relctl_version": __version__, "release_run": release_run,
+            "training_run": training.get("run_id"), "code_commit": training.get("git_commit"),
+            "code_dirty": training.get("git_dirty"), "release_repo_commit": repo.get("commit"),
+            "data_sha256": training.get("data_sha256", {}), "weights_sha256": ckpt.get("weights_sha256", {}),
+            "adapter_sha256": ckpt.get("adapter_sha256", {}),
+            "gates": T.gate_statuses({k: str(v) for k, v in gate_tags.items()}),
+            "manifest_sha256": sha256_file(package.root / MANIFEST), "content_sha256": content_sha256(package)}
 
 
 def unfinished_version(registry: Registry, name: str, content: str, release_run: str | None = None) -> str | None:
@@ -204,9 +228,19 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
     result_type = RegisterResult
     resumable = False
 
-    def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest) -> None:
+    def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest,
+                 signer: SigningKey | None = None, builder: str = "relctl promote") -> None:
         super().__init__(inputs)
         self.registry, self.release, self.package = registry, run, package
+        # Held here, never in the inputs: those are fingerprinted and written to the work folder.
+        self.signer, self.builder = signer, builder
+
+    def _sign(self) -> None:
+        if self.signer is None:
+            return
+        i = self.inputs
+        sign_package(self.package.root, self.signer, provenance(i.model, self.package, i.lineage, i.extra_tags,
+                                                                self.release.run_id, self.builder))
 
     def run(self, out: Path) -> RegisterResult:
         i, registry = self.inputs, self.registry
@@ -225,6 +259,7 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
+            self._sign()
             version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
                               state="registered" if i.target == "none" else "registering", numbers=i.numbers,
                               details=i.details)
@@ -260,7 +295,8 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         return f"{self.inputs.model} v{result.version} is production{after}"
 
 
-def register_package(registry: Registry, package: PackageManifest, name: str, production: bool) -> tuple[str, str]:
+def register_package(registry: Registry, package: PackageManifest, name: str, production: bool,
+                     signer: SigningKey | None = None) -> tuple[str, str]:
     """Register a verified package on its own (`relctl register`): (version, release run id).
 
     The same RegisterStage as promote's, with lineage from the package manifest; no gate ran, so the
@@ -275,5 +311,5 @@ def register_package(registry: Registry, package: PackageManifest, name: str, pr
                                 target="production" if production else "none", reason="relctl register --production",
                                 package_dir=package.root)
         with tempfile.TemporaryDirectory() as tmp:
-            result = RegisterStage(inputs, registry, run, package).run(Path(tmp))
+            result = RegisterStage(inputs, registry, run, package, signer, "relctl register").run(Path(tmp))
     return result.version, run.run_id

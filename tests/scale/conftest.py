@@ -53,6 +53,8 @@ class ScaleRegistry:
     pg_password: str
     logs: Path
     secret_values: tuple[str, ...] = field(default=())
+    # The release signing key as CI passes it: the PEM itself in RELCTL_SIGNING_KEY (a secret like the rest).
+    signing_key_pem: str = ""
 
     def client_env(self, auth: str = "token") -> dict[str, str]:
         """Environment for a relctl process using the server, with credentials as a user would set them."""
@@ -64,6 +66,8 @@ class ScaleRegistry:
             "AWS_SECRET_ACCESS_KEY": self.aws_secret_access_key,
             "MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
         }
+        if self.signing_key_pem:
+            env["RELCTL_SIGNING_KEY"] = self.signing_key_pem
         if auth == "token":
             env["MLFLOW_TRACKING_TOKEN"] = self.tracking_token
         elif auth == "userinfo":  # basic auth written into the URI itself
@@ -212,6 +216,16 @@ def _weed_command(data: Path, config: Path, s3_port: int) -> list[str]:
             f"-s3.config={config}"]
 
 
+def _signing_key_pem() -> str:
+    """A fresh EC P-256 release key, PEM (what `openssl ecparam -name prime256v1 -genkey` writes)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()
+
+
 @pytest.fixture(scope="session")
 def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRegistry]:
     """PostgreSQL + SeaweedFS + `mlflow server`, started once for the session, stopped at its end."""
@@ -255,9 +269,13 @@ def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRe
         tracking_uri = f"http://127.0.0.1:{port}"
         _wait("mlflow server", lambda: httpx.get(f"{tracking_uri}/health", timeout=2).status_code == 200,
               procs[1], mlflow_log)
+        signing_pem = _signing_key_pem()
+        # The key's body (base64 between the PEM armour lines) is what must never appear anywhere.
+        key_body = "".join(signing_pem.strip().splitlines()[1:-1])
         yield ScaleRegistry(tracking_uri, postgres.uri(PG_DIRECT_DATABASE), registry_partial.s3_endpoint,
                             access_key, secret_key, token, password, pg_password, logs,
-                            (secret_key, pg_password, token, password))
+                            (secret_key, pg_password, token, password, key_body[:40], key_body[-40:]),
+                            signing_pem)
     finally:
         _stop(procs)
         postgres.stop()

@@ -5,8 +5,9 @@
 - 4 `relctl promote` processes at once, 2 models x 2 runs: the aliases and the history of both models
   must tell one consistent, non-interleaved story;
 - 4 processes moving one model's aliases 6 times each, as fast as they can: the lock has to hold;
-- no credential (S3 secret, database password, tracking token or password) appears in anything relctl
-  printed, logged, tagged or stored as an artifact.
+- no credential (S3 secret, database password, tracking token or password) and no part of the release
+  signing key (RELCTL_SIGNING_KEY, a PEM, as CI passes it) appears in anything relctl printed, logged,
+  tagged or stored as an artifact; every release is signed with it.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def test_no_credential_is_printed_logged_tagged_or_stored(
         story: dict[str, Any], concurrent: dict[str, Any], runs: dict[str, Any],
         scale_registry: ScaleRegistry, tmp_path: Path) -> None:
     secret_values = scale_registry.secret_values
-    assert len(secret_values) == 4 and all(len(s) > 16 for s in secret_values)
+    assert len(secret_values) == 6 and all(len(s) > 16 for s in secret_values)
     seen: list[tuple[str, str]] = []
     for r in concurrent["results"]:
         seen += [(f"stdout of promote {r['model']} {r['run']}", r["out"]),
@@ -278,5 +279,7 @@ def test_no_credential_is_printed_logged_tagged_or_stored(
             seen += list(_texts(dest))
     assert runs_seen >= 2 + 2 + 4  # the training runs, the story's releases and the concurrent ones
     assert sum(1 for name, _ in seen if "report" in name) > 0, "no release report was downloaded"
+    # The key was used (each release signed with it), so its absence below means something.
+    assert any(name.endswith("relctl-package.sig") for name, _ in seen), "no release was signed"
     leaks = [(where, secret[:6] + "...") for where, text in seen for secret in secret_values if secret in text]
     assert not leaks, f"credentials found in: {leaks}"
