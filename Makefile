@@ -60,7 +60,7 @@ postgres:
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
 # Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly --randomly-seed=N`
 # replays it), so no test depends on another having run first.
-test: install browser tools postgres lint
+test: install vllm-env browser tools postgres lint
 	$(BIN)/pytest -q
 
 # Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).
@@ -92,4 +92,4 @@ typecheck: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .relctl build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .relctl build *.egg-info

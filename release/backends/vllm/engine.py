@@ -11,6 +11,7 @@ import atexit
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -66,6 +67,13 @@ def kv_cache_space_gib() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise InputError(f"{KV_SPACE_ENV}={raw}: expected a whole number of GiB, at least 1", hint="e.g. 4")
     return int(raw)
+
+
+def log_path(label: str, port: int) -> Path:
+    """Where an engine's output goes: never inside a package (verify refuses files added to one)."""
+    folder = Path(tempfile.gettempdir()) / f"relctl-vllm-{os.getuid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{label}-{os.getpid()}-{port}.log"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

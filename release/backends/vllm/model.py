@@ -27,7 +27,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from release.backends.base import Generation
-from release.backends.vllm.engine import EngineProcess, free_port
+from release.backends.vllm.engine import EngineProcess, free_port, log_path
 
 if TYPE_CHECKING:
     from release.backends.vllm import VllmBackend
@@ -80,8 +80,7 @@ class VllmModel:
         top_k = vocab if vocab <= MAX_FULL_VOCAB else TOP_K
         port = free_port()
         command = backend.server_command(model_dir, SERVED_NAME, "127.0.0.1", port, max_logprobs=top_k)
-        log = model_dir.parent / f".vllm-{model_dir.name}-{port}.log"
-        engine = EngineProcess(command, f"http://127.0.0.1:{port}", log).start()
+        engine = EngineProcess(command, f"http://127.0.0.1:{port}", log_path("validate", port)).start()
         return cls(model_dir, engine, top_k)
 
     def alive(self) -> bool:

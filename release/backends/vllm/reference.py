@@ -21,8 +21,8 @@ class TorchReference:
 
         self.model_dir = model_dir
         self._torch: Any = torch
-        self._model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        self._model.eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        self._model: Any = model.eval()
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config, self._eos = model_facts(model_dir)
         self._context = int(config.get("max_position_embeddings", 2048))

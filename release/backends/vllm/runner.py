@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 from tokenizers import Tokenizer
 
-from release.backends.vllm.engine import EngineProcess, free_port
+from release.backends.vllm.engine import EngineProcess, free_port, log_path
 from release.backends.vllm.model import model_facts
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import ModelLimits
@@ -53,8 +53,7 @@ class VllmRunner:
     def start(cls, backend: VllmBackend, model_dir: Path, settings: ServerSettings) -> Self:
         port = free_port()
         command = backend.server_command(model_dir, ENGINE_NAME, "127.0.0.1", port, settings)
-        log = Path(model_dir).parent / f".vllm-serve-{port}.log"
-        engine = EngineProcess(command, f"http://127.0.0.1:{port}", log).start()
+        engine = EngineProcess(command, f"http://127.0.0.1:{port}", log_path("serve", port)).start()
         return cls(model_dir, engine, settings)
 
     def encode(self, text: str) -> list[int]:
