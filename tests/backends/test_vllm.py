@@ -54,6 +54,13 @@ def test_vllm_refuses_head_dims_its_cpu_attention_cannot_run() -> None:
     assert backend.target_problem("fp16", "cpu") is not None and backend.target_problem("fp32", "cpu") is None
 
 
+def test_a_missing_vllm_environment_is_refused_before_building(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    monkeypatch.setenv("RELCTL_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    problem = VllmBackend().target_problem("fp32", "cpu")
+    assert problem is not None and "no-such-python" in problem and "vLLM's environment" in problem
+
+
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The example's recipe at head_dim 64 (hidden 256, 4 heads), trained as the example trains."""

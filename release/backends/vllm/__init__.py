@@ -38,6 +38,7 @@ from release.backends.vllm.engine import (
     engine_version,
     kv_cache_space_gib,
 )
+from release.errors import InputError
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -96,6 +97,12 @@ class VllmBackend(Backend):
         problem = super().target_problem(precision, execution_provider)
         if problem is None and (precision, execution_provider) not in COMBINATIONS:
             return f"{precision} on '{execution_provider}': vLLM's CPU build serves fp32 here (fp16/bf16 need cuda)"
+        if problem is None:
+            # Found by `relctl check` and promote's first step, not after minutes of building.
+            try:
+                engine_python()
+            except InputError as exc:
+                return f"{exc.message} ({exc.hint})"
         return problem
 
     def recognizes(self, model_dir: Path) -> bool:
