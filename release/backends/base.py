@@ -78,7 +78,9 @@ class LoadedModel(Protocol):
         """Greedy continuation of already-tokenized input."""
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32."""
+        """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32. Log-probabilities qualify (a
+        per-row constant changes no softmax); an engine that returns only the top-k log-probabilities per
+        position fills the rest with the remaining mass spread evenly (release/backends/vllm/model.py)."""
 
 
 class BatchProbe(Protocol):
@@ -199,6 +201,11 @@ class Backend(ABC):
     @abstractmethod
     def load(self, model_dir: Path, execution_provider: str = "cpu") -> LoadedModel:
         """Load a built folder for validation and the offline gates."""
+
+    def load_reference(self, model_dir: Path) -> LoadedModel:
+        """The fp32 reference build, for validation to compare the candidate with (default: `load`). A
+        backend whose engine runs out of process may compute it in relctl's environment instead."""
+        return self.load(model_dir)
 
     def runtime_config(self, model_dir: Path) -> dict[str, Any]:
         """The engine's own config in a built folder, hashed into the serving config hash (default: none)."""

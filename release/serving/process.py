@@ -23,7 +23,7 @@ class ServerProcess:
     """Context manager around `python -m release.serving serve SPEC --port 0` in `work_dir`."""
 
     def __init__(self, spec: str, work_dir: Path, config: Path | None = None, project_dir: Path | None = None,
-                 start_timeout_s: float = 180.0, api_key: str | None = None,
+                 start_timeout_s: float = 600.0, api_key: str | None = None,
                  served_model_name: str | None = None) -> None:
         self.spec = spec
         self.api_key = api_key

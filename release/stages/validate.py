@@ -81,7 +81,7 @@ def validate(
         raise InputError(f"{training_tokenizer}: training tokenizer not found",
                          hint="pass the checkpoint's tokenizer.json")
     token_ids = [list(Tokenizer.from_file(str(training_tokenizer)).encode(p).ids) for p in prompts]
-    reference = backend.load(reference_dir)
+    reference = backend.load_reference(reference_dir)
     continuations = [reference.generate_ids(ids, thresholds.max_new_tokens) for ids in token_ids]
     # The candidate's runtime files are checked up front: a folder that is not a model is bad input,
     # while a model that fails to load or run is evidence against the candidate.

@@ -49,7 +49,8 @@ def test_unsupported_family_is_refused_before_any_stage(tmp_path: Path, gpt2_che
 
 def test_a_backend_named_in_release_yaml_that_is_not_installed(tmp_path: Path, tiny_base_only: Path) -> None:
     run_id = log_checkpoint_run(tmp_path, tiny_base_only)
-    (tmp_path / "release.yaml").write_text("convert:\n  backend: vllm\n")
+    (tmp_path / "release.yaml").write_text("convert:\n  backend: tensorrt-llm\n")
     result = CliRunner().invoke(cli, ["--project-dir", str(tmp_path), "check", run_id])
     assert result.exit_code == 2
-    assert "convert.backend" in result.stderr and "'vllm' is not offered by the installed backends" in result.stderr
+    assert "convert.backend" in result.stderr
+    assert "'tensorrt-llm' is not offered by the installed backends" in result.stderr

