@@ -23,6 +23,7 @@ import yaml
 from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
+from release.signing.keys import Trust
 from tests.conftest import load_train_module
 
 pytestmark = pytest.mark.slow
@@ -92,7 +93,7 @@ def test_the_package_names_its_backend_and_holds_no_onnx(released: dict[str, Any
     registry = Registry(resolve_store(released["project"]))
     mv = registry.version_for(MODEL, "production")
     assert mv is not None
-    package = fetch_package(registry, MODEL, str(mv.version), tmp_path)  # verified against the registry's digest
+    package = fetch_package(registry, MODEL, str(mv.version), tmp_path, trust=Trust())  # the registry digest
     manifest = package.data
     assert package.backend_id == "torch-eager"
     assert manifest["backend"]["id"] == "torch-eager" and manifest["backend"]["version"] == "0.1.0"

@@ -26,9 +26,10 @@ import pytest
 import yaml
 
 from release.backends.vllm import VllmBackend
+from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
-from release.versions import fetch_package
+from release.signing.keys import Trust
 from tests.conftest import load_tinyllm, load_train_module
 
 pytestmark = pytest.mark.slow
@@ -105,7 +106,7 @@ def test_the_package_is_safetensors_for_vllm(released: dict[str, Any], tmp_path:
     registry = Registry(resolve_store(released["project"]))
     mv = registry.version_for(MODEL, "production")
     assert mv is not None and str(mv.version) == "1"
-    package = fetch_package(registry, MODEL, "1", tmp_path)
+    package = fetch_package(registry, MODEL, "1", tmp_path, trust=Trust())  # no trusted keys: digests only
     assert package.backend_id == "vllm"
     files = package.data["files"]
     for name in ("model.safetensors", "config.json", "tokenizer.json", "generation_config.json"):

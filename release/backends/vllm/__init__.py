@@ -38,7 +38,7 @@ from release.backends.vllm.engine import (
     engine_version,
     kv_cache_space_gib,
 )
-from release.errors import InputError
+from release.core.errors import InputError
 
 if TYPE_CHECKING:
     from release.backends.base import Runner

@@ -20,8 +20,8 @@ from typing import Self
 import httpx
 
 from release.backends.base import ServerCommand
-from release.errors import InputError, StageFailed
-from release.subprocs import start_child, stop_child
+from release.core.errors import InputError, StageFailed
+from release.core.subprocs import start_child, stop_child
 
 VLLM_VERSION = "0.32.0"
 PYTHON_ENV = "RELCTL_VLLM_PYTHON"
