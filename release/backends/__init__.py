@@ -15,7 +15,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from release.backends.base import Backend, Support, precision_choices
+from release.backends.base import Backend, Support, architecture, precision_choices
 from release.core.errors import ConfigError, InputError
 from release.core.package import MANIFEST, PackageManifest, read_manifest
 
@@ -84,9 +84,8 @@ def installed_precisions() -> list[str]:
 
 
 def family_of(config: dict[str, Any]) -> str:
-    architectures = config.get("architectures")
-    if isinstance(architectures, list) and architectures and isinstance(architectures[0], str):
-        return architectures[0]
+    if architecture(config):
+        return architecture(config)
     model_type = config.get("model_type")
     return model_type if isinstance(model_type, str) and model_type else "unknown (no architectures/model_type)"
 

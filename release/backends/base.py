@@ -46,6 +46,18 @@ class Support:
         return cls(False, reason, family)
 
 
+def architecture(config: dict[str, Any]) -> str:
+    """The checkpoint's architecture class as config.json names it (`architectures[0]`), or ""."""
+    architectures = config.get("architectures") or []
+    return str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+
+
+def unnamed_architecture(config: dict[str, Any]) -> Support:
+    """The refusal of a config.json that names no architecture: no backend can tell what to build."""
+    return Support.no(str(config.get("model_type") or "unknown"),
+                      "config.json has no 'architectures' entry (save it with model.save_pretrained())")
+
+
 @dataclass(frozen=True)
 class Generation:
     """One greedy completion. `token_ids` are the generated tokens only (EOS included when hit)."""

@@ -22,6 +22,8 @@ from release.backends.base import (
     LoadedModel,
     MemoryFacts,
     Support,
+    architecture,
+    unnamed_architecture,
 )
 from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
 
@@ -51,11 +53,9 @@ class OnnxruntimeGenaiBackend(Backend):
         sorted(a.removesuffix("ForCausalLM") for a in GENAI_ARCHITECTURES)) + ")"
 
     def supports(self, config: dict[str, Any]) -> Support:
-        architectures = config.get("architectures") or []
-        arch = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+        arch = architecture(config)
         if not arch:
-            return Support.no(str(config.get("model_type") or "unknown"),
-                              "config.json has no 'architectures' entry (save it with model.save_pretrained())")
+            return unnamed_architecture(config)
         if arch not in GENAI_ARCHITECTURES:
             return Support.no(arch, f"{arch} is not a family its model builder exports")
         problems = genai_config_problems(config)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from release.backends.base import architecture
+
 # Text decoders the builder turns into a genai model (builder.py's architecture switch, minus multimodal
 # and speech models, which relctl does not serve).
 GENAI_ARCHITECTURES = frozenset({
@@ -36,12 +38,6 @@ _ROPE_TYPES: dict[str, frozenset[str]] = {
 }
 # transformers' legacy names for rope types (rope_scaling's "type").
 _ROPE_ALIASES = {"su": "longrope", "dynamic": "dynamic"}
-
-
-def architecture(config: dict[str, Any]) -> str:
-    """config.json's architectures[0], or '' when it records none."""
-    archs = config.get("architectures")
-    return str(archs[0]) if isinstance(archs, list) and archs else ""
 
 
 def rope_parameters(config: dict[str, Any]) -> dict[str, Any]:

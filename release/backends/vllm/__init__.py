@@ -31,6 +31,8 @@ from release.backends.base import (
     MemoryFacts,
     ServerCommand,
     Support,
+    architecture,
+    unnamed_architecture,
 )
 from release.backends.vllm.engine import (
     VLLM_VERSION,
@@ -80,11 +82,9 @@ class VllmBackend(Backend):
         + f"); on CPU head_dim {' or '.join(map(str, CPU_HEAD_DIMS))}"
 
     def supports(self, config: dict[str, Any]) -> Support:
-        architectures = config.get("architectures") or []
-        arch = str(architectures[0]) if isinstance(architectures, list) and architectures else ""
+        arch = architecture(config)
         if not arch:
-            return Support.no(str(config.get("model_type") or "unknown"),
-                              "config.json has no 'architectures' entry (save it with model.save_pretrained())")
+            return unnamed_architecture(config)
         if arch not in VLLM_ARCHITECTURES:
             return Support.no(arch, f"{arch} is not a family this backend serves through vLLM")
         dim = head_dim(config)
