@@ -252,7 +252,9 @@ def backends(as_json: bool) -> None:
     found = available_backends()
     data = [{"id": b.id, "version": b.version(), "precisions": list(b.precisions),
              "execution_providers": list(b.execution_providers), "families": b.families,
-             "runtime_files": list(b.runtime_files)} for b in found.values()]
+             "runtime_files": list(b.runtime_files),
+             "deploy": {"image": b.deploy().image, "dockerfile": b.deploy().dockerfile,
+                        "requirements": list(b.deploy().requirements)}} for b in found.values()]
     emit(data, as_json, lambda: click.echo("\n".join(b.describe() for b in found.values()) or "no backend installed"))
 
 
