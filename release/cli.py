@@ -247,9 +247,11 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
 @handled
 def backends(as_json: bool) -> None:
     """The installed serving-engine backends: precisions, execution providers and the families each takes."""
-    from release.backends import available_backends
+    from release.backends import available_backends, broken_backends
 
     found = available_backends()
+    for name, why in broken_backends().items():
+        click.echo(f"warning: backend '{name}' is installed but does not load: {why}", err=True)
     data = [{"id": b.id, "version": b.version(), "precisions": list(b.precisions),
              "execution_providers": list(b.execution_providers), "families": b.families,
              "runtime_files": list(b.runtime_files),

@@ -27,9 +27,30 @@ __all__ = ["AUTO", "Backend", "Support", "available_backends", "backend_for_fold
 
 
 @functools.cache
+def _discovered() -> tuple[dict[str, Backend], dict[str, str]]:
+    """(backends by id, in entry-point order; why each broken plug-in failed to load). Cached: entry points do
+    not change in a process. A plug-in that fails to import does not take the working ones down with it:
+    serving an onnxruntime-genai package must not depend on a third-party engine package importing."""
+    found: dict[str, Backend] = {}
+    broken: dict[str, str] = {}
+    for name, ep in _entry_points().items():
+        try:
+            found[name] = _load(ep)
+        except ConfigError as exc:
+            broken[name] = exc.message
+        except Exception as exc:  # an installed plug-in whose code does not import: its bug, not relctl's
+            broken[name] = f"backend plug-in '{ep.value}' failed to load: {type(exc).__name__}: {exc}"
+    return found, broken
+
+
 def available_backends() -> dict[str, Backend]:
-    """Every installed backend by id, in entry-point order (cached: entry points do not change in a process)."""
-    return {name: _load(ep) for name, ep in _entry_points().items()}
+    """Every installed backend that loads, by id, in entry-point order."""
+    return _discovered()[0]
+
+
+def broken_backends() -> dict[str, str]:
+    """Installed backend plug-ins that failed to load, by id, with the reason."""
+    return _discovered()[1]
 
 
 def _entry_points() -> dict[str, EntryPoint]:
@@ -51,6 +72,9 @@ def _load(ep: EntryPoint) -> Backend:
 def get_backend(backend_id: str) -> Backend:
     """The installed backend `backend_id`; InputError naming the installed ones otherwise."""
     found = available_backends()
+    if backend_id in broken_backends():
+        raise InputError(broken_backends()[backend_id],
+                         hint=f"fix or reinstall the package that provides backend '{backend_id}'")
     if backend_id not in found:
         raise InputError(f"backend '{backend_id}' is not installed",
                          hint=f"installed backends: {', '.join(found) or 'none'}; install the package that "
@@ -109,6 +133,7 @@ def choose_backend(config: dict[str, Any], requested: str, precision: str, execu
             continue
         return backend
     family = family_of(config)
+    reasons += [f"{name}: not loaded ({why})" for name, why in broken_backends().items() if requested == AUTO]
     offered = "; ".join(b.describe() for b in available_backends().values())
     raise InputError(f"config.json: {family} at {precision} on {execution_provider} is not supported by "
                      f"{'any installed backend' if requested == AUTO else requested} ({' | '.join(reasons)})",
