@@ -65,11 +65,14 @@ def test_a_nan_weight_is_refused_at_intake(project_dir: Path, tiny_checkpoint: P
 def test_a_weight_beyond_fp16_is_refused_for_fp16_and_warned_when_configured(
         project_dir: Path, tiny_checkpoint: Path, tmp_path: Path) -> None:
     run = log_checkpoint_run(project_dir, _poisoned(tiny_checkpoint, tmp_path, 1.0e5))
-    refused = promote(project_dir, run, "--precision", "fp16")
+    # fp16 is built for a GPU (an fp16 CPU build is refused by the run contract before any download).
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text("convert:\n  precision: fp16\n  execution_provider: cuda\n")
+    refused = promote(project_dir, run, "--config", str(gpu))
     assert refused.exit_code == 2, refused.output + refused.stderr
     assert "above fp16's 65504" in refused.stderr and "down_proj.weight" in refused.stderr
     config = tmp_path / "release.yaml"
-    config.write_text("convert:\n  precision: fp16\n  fp16_overflow: warn\n")
+    config.write_text("convert:\n  precision: fp16\n  execution_provider: cuda\n  fp16_overflow: warn\n")
     warned = promote(project_dir, run, "--config", str(config))
     assert "will be Inf at fp16" in warned.stderr
 
