@@ -63,7 +63,8 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path)
     gates = load_gates(cfg.gates)
-    return check_run(open_registry(project_dir), run_id, cfg, gates, config_path.parent if config_path else project_dir)
+    registry = open_registry(project_dir, read_only=True)
+    return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
@@ -166,7 +167,7 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
 def history(model: str, project_dir: Path) -> list[AliasMove]:
     """The alias history: one read of the registered model (its tags hold it), unless a move is pending."""
     check_model_name(model, "model")
-    registry = open_registry(project_dir)
+    registry = open_registry(project_dir, read_only=True)
     record = registry.read_model(model)
     if registry.sweep_if_pending(record):
         return registry.history(model)
@@ -177,7 +178,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; with no model, the registered models."""
     if model is not None:
         check_model_name(model, "model")
-    registry = open_registry(project_dir)
+    registry = open_registry(project_dir, read_only=True)
     if model is None:
         return {"models": registry.list_models()}
     # One read for the aliases; per alias its version, its release run and (MLflow 3) its LoggedModel.
