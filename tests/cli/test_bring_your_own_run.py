@@ -34,7 +34,7 @@ def test_the_readme_snippet_logs_a_releasable_run(project_dir: Path, tiny_checkp
     log = namespace["log_for_relctl"]
     run_id = log("my-own-model", str(checkpoint), str(tiny_data / "validation" / "prompts.jsonl"),  # type: ignore[operator]
                  str(tiny_data / "eval.jsonl"))
-    (project_dir / "release.yaml").write_text("gates:\n  eval: {}\n")
+    (project_dir / "release.yaml").write_text("gates:\n  eval: {thresholds: {exact_match: {threshold: 0.0}}}\n")
     result = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "check", run_id, "--json"])
     assert result.exit_code == 0, result.output + result.stderr
     assert '"ok": true' in result.stdout

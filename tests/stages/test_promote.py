@@ -237,7 +237,7 @@ def test_malformed_eval_file_is_bad_input(story: dict[str, Any], tmp_path: Path)
     data = tmp_path / "eval.jsonl"
     data.write_text('{"prompt": "reverse a b c d ->", "expected": "d c b a"}\n{"prompt": oops}\n')
     config = tmp_path / "release.yaml"
-    config.write_text(f"gates:\n  eval:\n    dataset: {data}\n")
+    config.write_text(f"gates:\n  eval:\n    dataset: {data}\n    thresholds: {{exact_match: {{threshold: 0.0}}}}\n")
     result = relctl(story["project"], "promote", story["runs"][1], "--config", str(config))
     assert result.exit_code == 2, result.output + result.stderr
     assert "line 2" in result.stderr.strip().splitlines()[-2]
