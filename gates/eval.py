@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.base import GateContext, GateResult, Problem, ProductionRef, ThresholdCheck, missing_file
+from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -101,7 +101,7 @@ class EvalGate:
         _write_predictions(evidence, data.rows, rows)
         failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
         # Run on its own (`relctl gate eval` without thresholds) the gate measures, but it has evaluated nothing.
-        status = "skipped" if not self.bounded else "pass" if all(c.passed for c in checks) else "fail"
+        status: GateStatus = "skipped" if not self.bounded else "pass" if all(c.passed for c in checks) else "fail"
         reason = (f"not evaluated: {len(rows)} rows measured, but gates.eval sets no thresholds to check them "
                   "against" if not self.bounded else _reason(checks, skipped, len(rows)))
         return GateResult(
