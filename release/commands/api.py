@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from release.core.errors import InputError, RegistryError
 from release.core.model_name import check_model_name
 from release.core.package import LEGACY_BACKEND
-from release.registry import PREVIOUS, PRODUCTION, AliasMove, links
+from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry, links
 from release.registry import tags as T
 from release.registry.aliases import history_from_tags
 from release.registry.client import open_registry
@@ -117,7 +117,25 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         (progress or Progress(quiet=True)).note(note)
     if move is None:
         raise InputError(f"{model}: the rollback would change nothing", hint="check `relctl status` for the aliases")
+    mark_rolled_back(registry, model, move)
     return move
+
+
+ROLLED_BACK_MARK = "**Rolled back**"
+
+
+def mark_rolled_back(registry: Registry, model: str, move: AliasMove) -> None:
+    """Put the rollback on the card of the version it took production from: a reviewer reading that version
+    in the registry UI must not see only "Outcome: released". The alias history stays the record; this is
+    its echo on the page people open."""
+    left, target = move.changes.get(PRODUCTION, [None, None])
+    if left is None or target is None:
+        return
+    card = registry.get_version(model, left).description or ""
+    line = (f"{ROLLED_BACK_MARK} on {move.at} to v{target} by {move.user}: {move.reason}. "
+            "This version no longer serves production (`relctl history " + model + "`).")
+    # The newest rollback first; the card below keeps the release's own evidence unchanged.
+    registry.set_description(model, left, f"{line}\n\n{card}" if card else line)
 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:

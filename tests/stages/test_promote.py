@@ -129,6 +129,16 @@ def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> 
     assert "Replaced production [`v1`](#/models/tiny-llm/versions/1)" in card
 
 
+def test_the_rolled_back_version_says_so_on_its_page(story: dict[str, Any]) -> None:
+    registry = Registry(resolve_store(story["project"]))
+    left, back = registry.get_version(MODEL, "2").description, registry.get_version(MODEL, "1").description
+    first = left.splitlines()[0]
+    assert re.match(r"\*\*Rolled back\*\* on \S+ to v1 by \S+: test rollback\. This version no longer serves "
+                    r"production", first), first
+    assert "Outcome: **released**" in left  # the release's own evidence is kept, below the rollback line
+    assert "Rolled back" not in back
+
+
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     result, aliases, history, status_result = story["rollback"]
     assert result.exit_code == 0, result.output
