@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.base import GateContext, GateResult, Problem, ProductionRef, ThresholdCheck, missing_file
+from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -69,9 +69,22 @@ class EvalGate:
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
 
+    @property
+    def bounded(self) -> bool:
+        """Whether any metric has a bound: with none the gate checks nothing, whatever the model scores."""
+        return any(t.threshold is not None or t.min_absolute_change is not None or t.min_relative_change is not None
+                   for t in self.config.thresholds.values())
+
     def preflight(self, config_dir: Path | None) -> list[Problem]:
         found = missing_file("gates.eval.dataset", self.config.dataset, config_dir) if self.config.dataset else None
-        return [found] if found else []
+        problems = [found] if found else []
+        if not self.bounded:
+            # Refused before any stage (check and promote): a gate that cannot fail must never read "pass".
+            problems.append(Problem("release.yaml: gates.eval sets no thresholds, so the eval gate would pass "
+                                    "whatever the model scores (0% exact match included)",
+                                    "bound at least one metric, e.g. thresholds: {exact_match: {threshold: 0.8}}, "
+                                    "or remove the gates.eval block"))
+        return problems
 
     def run(self, context: GateContext) -> GateResult:
         path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset
@@ -87,9 +100,13 @@ class EvalGate:
         evidence = context.work_dir / EVIDENCE_FILE
         _write_predictions(evidence, data.rows, rows)
         failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
+        # Run on its own (`relctl gate eval` without thresholds) the gate measures, but it has evaluated nothing.
+        status: GateStatus = "skipped" if not self.bounded else "pass" if all(c.passed for c in checks) else "fail"
+        reason = (f"not evaluated: {len(rows)} rows measured, but gates.eval sets no thresholds to check them "
+                  "against" if not self.bounded else _reason(checks, skipped, len(rows)))
         return GateResult(
-            gate=self.id, status="pass" if all(c.passed for c in checks) else "fail",
-            reason=_reason(checks, skipped, len(rows)), metrics=values, thresholds=checks, evidence=[evidence],
+            gate=self.id, status=status,
+            reason=reason, metrics=values, thresholds=checks, evidence=[evidence],
             details={"dataset": str(path), "dataset_sha256": data.sha256, "rows": len(rows),
                      "production_version": context.production.version if context.production else None,
                      "production_metrics": production, "production_source": source,

@@ -130,7 +130,8 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
         (model, version), served = tr.parse_spec(spec), None
     else:
         raise InputError("nothing to trace", hint="pass a headers file, MODEL:VERSION or --response-id ID")
-    chain = tr.trace(open_registry(ctx.project_dir), model, version, served, project_trust(ctx.project_dir))
+    chain = tr.trace(open_registry(ctx.project_dir, read_only=True), model, version, served,
+                     project_trust(ctx.project_dir))
     emit(chain, as_json, lambda: click.echo("\n".join(tr.render(chain))))
     if not chain["integrity"]["ok"]:
         raise Blocked(f"{model} v{version}: {chain['integrity']['problem']}",

@@ -176,11 +176,20 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _config_error(label: str, exc: ValidationError) -> ConfigError:
-    err = exc.errors()[0]
+    """Every problem pydantic found, at once: one error and hint line each (the README promises it)."""
+    problems = [_problem(label, err) for err in exc.errors()]
+    first, hint = problems[0]
+    error = ConfigError(first if len(problems) == 1 else f"{first} (and {len(problems) - 1} more)", hint=hint)
+    # The error printer shows each of `problems` as its own error/hint pair (as InputProblems does).
+    error.problems = problems  # type: ignore[attr-defined]
+    return error
+
+
+def _problem(label: str, err: Any) -> tuple[str, str]:
     loc = [str(p) for p in err["loc"]]
     where = ".".join(loc)
     if where in RENAMED:
-        return ConfigError(f"{label}: '{where}' is no longer a key", hint=RENAMED[where])
+        return f"{label}: '{where}' is no longer a key", RENAMED[where]
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = ReleaseConfig
         for part in loc[:-1]:
@@ -192,5 +201,5 @@ def _config_error(label: str, exc: ValidationError) -> ConfigError:
         hint = f"did you mean '{'.'.join([*loc[:-1], close[0]])}'?" if close else (
             f"known keys here: {', '.join(model.model_fields)}"
         )
-        return ConfigError(f"{label}: unknown key '{where}'", hint=hint)
-    return ConfigError(f"{label}: {where}: {err['msg']}", hint="see templates/release.yaml for the schema")
+        return f"{label}: unknown key '{where}'", hint
+    return f"{label}: {where}: {err['msg']}", "see templates/release.yaml for the schema"

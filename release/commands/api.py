@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from release.core.errors import InputError, RegistryError
 from release.core.model_name import check_model_name
 from release.core.package import LEGACY_BACKEND
-from release.registry import PREVIOUS, PRODUCTION, AliasMove, links
+from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry, links
 from release.registry import tags as T
 from release.registry.aliases import history_from_tags
 from release.registry.client import open_registry
@@ -63,7 +63,8 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path)
     gates = load_gates(cfg.gates)
-    return check_run(open_registry(project_dir), run_id, cfg, gates, config_path.parent if config_path else project_dir)
+    registry = open_registry(project_dir, read_only=True)
+    return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
@@ -116,7 +117,25 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         (progress or Progress(quiet=True)).note(note)
     if move is None:
         raise InputError(f"{model}: the rollback would change nothing", hint="check `relctl status` for the aliases")
+    mark_rolled_back(registry, model, move)
     return move
+
+
+ROLLED_BACK_MARK = "**Rolled back**"
+
+
+def mark_rolled_back(registry: Registry, model: str, move: AliasMove) -> None:
+    """Put the rollback on the card of the version it took production from: a reviewer reading that version
+    in the registry UI must not see only "Outcome: released". The alias history stays the record; this is
+    its echo on the page people open."""
+    left, target = move.changes.get(PRODUCTION, [None, None])
+    if left is None or target is None:
+        return
+    card = registry.get_version(model, left).description or ""
+    line = (f"{ROLLED_BACK_MARK} on {move.at} to v{target} by {move.user}: {move.reason}. "
+            "This version no longer serves production (`relctl history " + model + "`).")
+    # The newest rollback first; the card below keeps the release's own evidence unchanged.
+    registry.set_description(model, left, f"{line}\n\n{card}" if card else line)
 
 
 def register(package_dir: Path, model: str, project_dir: Path, production: bool = False) -> tuple[str, str]:
@@ -166,7 +185,7 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
 def history(model: str, project_dir: Path) -> list[AliasMove]:
     """The alias history: one read of the registered model (its tags hold it), unless a move is pending."""
     check_model_name(model, "model")
-    registry = open_registry(project_dir)
+    registry = open_registry(project_dir, read_only=True)
     record = registry.read_model(model)
     if registry.sweep_if_pending(record):
         return registry.history(model)
@@ -177,7 +196,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; with no model, the registered models."""
     if model is not None:
         check_model_name(model, "model")
-    registry = open_registry(project_dir)
+    registry = open_registry(project_dir, read_only=True)
     if model is None:
         return {"models": registry.list_models()}
     # One read for the aliases; per alias its version, its release run and (MLflow 3) its LoggedModel.

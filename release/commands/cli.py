@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -27,6 +28,11 @@ def init_command(ctx: Ctx, directory: Path | None, force: bool, as_json: bool) -
         for rel in result.written:
             click.echo(f"wrote {rel}")
         click.echo(f".gitignore: {result.gitignore}")
+        if "MLFLOW_TRACKING_URI" in os.environ:
+            click.echo("runs: relctl reads the MLFLOW_TRACKING_URI already set; log your training runs there")
+        else:
+            click.echo("runs: log your training runs where relctl reads them; in the shell that trains, run")
+            click.echo(f"  {result.tracking_export}")
         if result.relctl_source is None:
             click.echo("next: set RELCTL_SOURCE in .github/workflows/promote.yml to where relctl installs from "
                        "(e.g. git+https://github.com/ORG/relctl@v0.1.0), and the repository secrets "

@@ -60,7 +60,7 @@ def ordered_gate_ids(gate_ids: list[str]) -> list[str]:
 def _gates_lines(field: FieldInfo, gates: dict[str, type[BaseModel]]) -> list[str]:
     lines = [
         "# Gates run in this order after packaging, before anything is registered. Uncomment a gate's block",
-        "# to enable it (an empty block, e.g. `eval: {}`, means its defaults); each key shows its default.",
+        "# to enable it (an empty block, e.g. `safety: {}`, means its defaults); each key shows its default.",
         f"{GATES_FIELD}: {{}}",
     ]
     block = [f"{GATES_FIELD}:"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, distribution
@@ -37,6 +38,8 @@ class InitResult:
     written: list[str] = field(default_factory=list)
     gitignore: str = "unchanged"
     relctl_source: str | None = None
+    # The line to run in a shell so that runs logged with MLflow land where relctl reads them.
+    tracking_export: str = ""
 
 
 def relctl_source() -> str | None:
@@ -87,12 +90,24 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
     if existing and not force:
         raise InputError(f"{target}: {', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}",
                          hint="pass --force to overwrite them (your .gitignore is only ever appended to)")
-    result = InitResult(project_dir=str(target), relctl_source=source)
+    result = InitResult(project_dir=str(target), relctl_source=source, tracking_export=tracking_export(target))
     for rel, text in texts.items():
         _write_atomically(target / rel, text)
         result.written.append(rel)
     result.gitignore = _ensure_gitignore(target / ".gitignore")
     return result
+
+
+def tracking_export(target: Path) -> str:
+    """`export MLFLOW_TRACKING_URI=...` naming the store relctl reads for `target`.
+
+    With MLFLOW_TRACKING_URI unset, MLflow logs to ./mlflow.db of the current folder while relctl reads
+    the project's .relctl/mlflow.db (its location never depends on the current folder); one exported
+    variable makes the training script and relctl agree.
+    """
+    from release.registry.store import resolve_store  # noqa: PLC0415 - only init prints it
+
+    return f"export MLFLOW_TRACKING_URI={shlex.quote(resolve_store(target).tracking_uri)}"
 
 
 def _write_atomically(path: Path, text: str) -> None:

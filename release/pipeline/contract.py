@@ -47,6 +47,10 @@ class ContractReport:
     model: str | None = None          # the registered model name the release would use, once it is valid
 
 
+# MLflow's "Default" experiment always has id "0" (any store, SQL or file).
+DEFAULT_EXPERIMENT_ID = "0"
+
+
 def config_problems(cfg: ReleaseConfig) -> list[Problem]:
     """What is wrong with release.yaml beyond its schema: the same list for `relctl check` and `promote`."""
     missing = [g for g in cfg.require if g not in cfg.gates]
@@ -62,6 +66,13 @@ def release_model_name(registry: Registry, cfg: ReleaseConfig, run: RunRecord) -
     if cfg.model is not None:
         return cfg.model, None
     name = registry.experiment_name(run.experiment_id)
+    if run.experiment_id == DEFAULT_EXPERIMENT_ID:
+        # MLflow's fallback experiment: its name says nothing about the model, and every run logged without
+        # set_experiment() lands there, so releases of unrelated models would all become versions of "Default".
+        return None, Problem(f"run '{run.run_id}' was logged without an experiment (MLflow's '{name}'), so "
+                             f"its release would register a model named '{name}'",
+                             "set model: in release.yaml (or pass --model), or log the run under a named "
+                             "experiment: mlflow.set_experiment('my-model') before mlflow.start_run()")
     why = bad_model_name(name)
     if why is None:
         return name, None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -34,7 +35,14 @@ from release.registry.records import (
     run_record,
     version_record,
 )
-from release.registry.store import Store, connect, ensure_experiment, resolve_store
+from release.registry.store import (
+    Store,
+    connect,
+    ensure_experiment,
+    require_existing,
+    resolve_store,
+    stray_store_hint,
+)
 
 PRODUCTION = "production"
 PREVIOUS = "previous"
@@ -106,8 +114,10 @@ class Registry:
         except MlflowException as exc:
             if _not_found(exc):
                 raise InputError(
-                    f"run '{run_id}' not found in {self.store.display_uri}",
-                    hint="check the run id in the MLflow UI, or set MLFLOW_TRACKING_URI to the store that has it",
+                    f"run '{run_id}' not found in {self.store.display_uri}"
+                    + ("" if "MLFLOW_TRACKING_URI" in os.environ else " (relctl's store for this project)"),
+                    hint=stray_store_hint(self.store)
+                    or "check the run id in the MLflow UI, or set MLFLOW_TRACKING_URI to the store that has it",
                 ) from exc
             raise RegistryError(f"cannot read run '{run_id}': {exc.message}") from exc
 
@@ -444,8 +454,11 @@ class Registry:
         return al.read_history(self.client, name)
 
 
-def open_registry(project_dir: Path) -> Registry:
-    """The registry of a project (its release.yaml's or MLFLOW_TRACKING_URI's store), connected for writes."""
+def open_registry(project_dir: Path, read_only: bool = False) -> Registry:
+    """The registry of a project (its release.yaml's or MLFLOW_TRACKING_URI's store), connected for writes.
+    `read_only`: a command that only reads refuses a local store that does not exist (never creates one)."""
     store = resolve_store(project_dir)
+    if read_only:
+        require_existing(store)
     connect(store)
     return Registry(store)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from release.core.errors import ConfigError, RegistryError
+from release.core.errors import ConfigError, InputError, RegistryError
 
 STATE_DIR = ".relctl"
 TIMEOUT_ENV = "RELCTL_REGISTRY_TIMEOUT_S"
@@ -63,6 +63,11 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc.rpartition("@")[2]
     query = urlencode([(k, "***" if any(w in k.lower() for w in _SECRET_QUERY_WORDS) else v)
                        for k, v in parse_qsl(parts.query, keep_blank_values=True)])
+    if not parts.netloc and "://" in uri:
+        # urlunsplit drops an empty authority: sqlite:////abs/path would print as sqlite://abs/path and
+        # sqlite:///rel.db as sqlite:/rel.db, other addresses; with no authority there is no credential.
+        rest = parts.path + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+        return f"{parts.scheme}://{rest}"
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
@@ -80,6 +85,8 @@ class Store:
     timeout_s: int = DEFAULT_TIMEOUT_S
     retries: int = DEFAULT_RETRIES
     backoff_s: int = DEFAULT_BACKOFF_S
+    # The project folder the store was resolved for: where MLflow's own defaults would have put a run.
+    project_dir: str = ""
 
     @property
     def is_server(self) -> bool:
@@ -138,8 +145,58 @@ def resolve_store(project_dir: Path, environ: dict[str, str] | None = None) -> S
     if uri:
         database = _scheme(uri) in DATABASE_SCHEMES
         root = _artifact_root(env, state) if database or env.get(ARTIFACT_ROOT_ENV, "").strip() else None
-        return Store(uri, root, False, timeout, retries, backoff)
-    return Store(f"sqlite:///{state / 'mlflow.db'}", (state / "artifacts").as_uri(), True, timeout, retries, backoff)
+        return Store(uri, root, False, timeout, retries, backoff, str(project_dir.resolve()))
+    return Store(f"sqlite:///{state / 'mlflow.db'}", (state / "artifacts").as_uri(), True, timeout, retries, backoff,
+                 str(project_dir.resolve()))
+
+
+def local_store_path(store: Store) -> Path | None:
+    """The file or folder a local store lives in (sqlite:///…, file:…, a bare path); None for a server or a
+    database server."""
+    uri = store.tracking_uri
+    scheme = _scheme(uri)
+    if scheme == "sqlite":
+        # sqlite:///relative.db and sqlite:////absolute.db; a query (?mode=ro) is not part of the path
+        return Path(uri.partition(":///")[2].partition("?")[0] or ":memory:")
+    if scheme == "file" or (not scheme and uri):
+        return Path(urlsplit(uri).path if scheme else uri)
+    return None
+
+
+def require_existing(store: Store) -> None:
+    """For a read-only command: refuse a local store that does not exist instead of creating an empty one.
+
+    MLflow creates a SQLite file (and its schema) on first contact, so a mistyped MLFLOW_TRACKING_URI would
+    otherwise answer "not found" from a fresh empty database and leave that file behind.
+    """
+    path = local_store_path(store)
+    if path is None or str(path) == ":memory:" or path.exists():
+        return
+    if store.embedded:
+        message = f"no MLflow store at {path}: nothing has been logged or released in this project yet"
+    else:
+        message = f"MLFLOW_TRACKING_URI {store.display_uri} names no existing store ({path} does not exist)"
+    raise InputError(message, hint=stray_store_hint(store) or (
+        "check MLFLOW_TRACKING_URI (a read-only command never creates a store), or pass the --project-dir "
+        "whose .relctl/ holds the store"))
+
+
+def stray_store_hint(store: Store) -> str | None:
+    """When the project folder holds a store of MLflow's own defaults (./mlflow.db, ./mlruns: where a run
+    logged with no MLFLOW_TRACKING_URI lands) that relctl is not reading, how to point relctl at it."""
+    if not store.project_dir:
+        return None
+    here = Path(store.project_dir)
+    used = local_store_path(store)
+    for candidate, uri in ((here / "mlflow.db", f"sqlite:///{here / 'mlflow.db'}"),
+                           (here / "mlruns", (here / "mlruns").as_uri())):
+        if candidate.exists() and (used is None or candidate.resolve() != used.resolve()):
+            if candidate.name == "mlruns" and (here / "mlflow.db").exists():
+                continue  # MLflow 3 keeps artifacts in ./mlruns beside ./mlflow.db: the db is the store
+            return (f"the run may be in {candidate} (MLflow's default store when MLFLOW_TRACKING_URI is unset); "
+                    f"point relctl at it: export MLFLOW_TRACKING_URI={uri} (or log runs where relctl reads "
+                    "them: the MLFLOW_TRACKING_URI that `relctl init` prints)")
+    return None
 
 
 def connect(store: Store) -> None:

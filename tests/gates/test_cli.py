@@ -19,6 +19,7 @@ def invoke(project_dir: Path, *args: str) -> Result:
 
 
 def test_trained_package_passes_eval_with_json(project_dir: Path, trained_package: Path, eval_set: Path) -> None:
+    (project_dir / "release.yaml").write_text(yaml.safe_dump(RELEASE_YAML))
     result = invoke(project_dir, "eval", str(trained_package), "--eval-dataset", str(eval_set), "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

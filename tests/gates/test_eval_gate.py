@@ -118,4 +118,25 @@ def test_gate_object_runs_without_thresholds(trained_package: Path, tmp_path: Pa
     work = tmp_path / "work"
     work.mkdir()
     result = gate.run(GateContext("tiny-llm", trained_package, work, None))
-    assert result.status == "pass" and set(result.metrics) == {"exact_match"} and not result.thresholds
+    # It measures, but with nothing to check it is "not evaluated", never "pass" (issue 21).
+    assert result.status == "skipped" and set(result.metrics) == {"exact_match"} and not result.thresholds
+
+
+def test_an_eval_gate_without_thresholds_is_refused_before_any_stage() -> None:
+    (gate,) = load_gates({"eval": {}})
+    problems = gate.preflight(None)  # type: ignore[attr-defined]
+    assert [p.message for p in problems] == [
+        "release.yaml: gates.eval sets no thresholds, so the eval gate would pass whatever the model scores "
+        "(0% exact match included)"]
+    (bounded,) = load_gates({"eval": {"thresholds": {"exact_match": {"threshold": 0.5}}}})
+    assert bounded.preflight(None) == []  # type: ignore[attr-defined]
+
+
+def test_an_eval_gate_without_thresholds_run_alone_is_not_evaluated_never_pass(
+        undertrained_package: Path, eval_set: Path, tmp_path: Path) -> None:
+    (gate,) = load_gates({"eval": {"thresholds": {}}})
+    (result,) = run_gates([gate], lambda gate_id: GateContext("tiny-llm", undertrained_package, tmp_path / gate_id,
+                                                              None, eval_dataset=eval_set))
+    assert result.status == "skipped"
+    assert result.reason.startswith("not evaluated: ")
+    assert "pass" not in render_markdown([result], None).lower().replace("passes", "")

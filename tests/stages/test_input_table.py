@@ -80,6 +80,10 @@ CASES: dict[str, Case] = {
     "experiment name with a slash": Case("the run's experiment name is no model name", experiment="team/exp"),
     "experiment name with a quote, check": Case("the run's experiment name is no model name",
                                                 experiment="bob's runs", command="check"),
+    "run logged without an experiment": Case("was logged without an experiment (MLflow's 'Default')",
+                                             experiment="Default"),
+    "run logged without an experiment, check": Case("its release would register a model named 'Default'",
+                                                    experiment="Default", command="check"),
     "require names an unconfigured gate, check": Case("require lists eval, which gates: does not configure",
                                                        release_yaml=b"require: [eval]\n", command="check"),
     "require names an unconfigured gate": Case("require lists eval, which gates: does not configure",
@@ -131,7 +135,8 @@ def test_bad_input_is_exit_2_in_one_line_with_nothing_registered(name: str, proj
 def test_check_and_promote_refuse_the_same_release_yaml(project_dir: Path, tiny_checkpoint: Path) -> None:
     """`relctl check` runs promote's validation: what it passes, promote does not refuse as input."""
     run_id = log_run(project_dir, tiny_checkpoint)
-    (project_dir / "release.yaml").write_text("require: [safety]\ngates:\n  eval: {}\n")
+    (project_dir / "release.yaml").write_text(
+        "require: [safety]\ngates:\n  eval: {thresholds: {exact_match: {threshold: 0.0}}}\n")
     check, promote = relctl(project_dir, "check", run_id), relctl(project_dir, "promote", run_id)
     assert check.exit_code == promote.exit_code == 2, check.stderr + promote.stderr
 

@@ -129,6 +129,16 @@ def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> 
     assert "Replaced production [`v1`](#/models/tiny-llm/versions/1)" in card
 
 
+def test_the_rolled_back_version_says_so_on_its_page(story: dict[str, Any]) -> None:
+    registry = Registry(resolve_store(story["project"]))
+    left, back = registry.get_version(MODEL, "2").description, registry.get_version(MODEL, "1").description
+    first = left.splitlines()[0]
+    assert re.match(r"\*\*Rolled back\*\* on \S+ to v1 by \S+: test rollback\. This version no longer serves "
+                    r"production", first), first
+    assert "Outcome: **released**" in left  # the release's own evidence is kept, below the rollback line
+    assert "Rolled back" not in back
+
+
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     result, aliases, history, status_result = story["rollback"]
     assert result.exit_code == 0, result.output
@@ -237,7 +247,7 @@ def test_malformed_eval_file_is_bad_input(story: dict[str, Any], tmp_path: Path)
     data = tmp_path / "eval.jsonl"
     data.write_text('{"prompt": "reverse a b c d ->", "expected": "d c b a"}\n{"prompt": oops}\n')
     config = tmp_path / "release.yaml"
-    config.write_text(f"gates:\n  eval:\n    dataset: {data}\n")
+    config.write_text(f"gates:\n  eval:\n    dataset: {data}\n    thresholds: {{exact_match: {{threshold: 0.0}}}}\n")
     result = relctl(story["project"], "promote", story["runs"][1], "--config", str(config))
     assert result.exit_code == 2, result.output + result.stderr
     assert "line 2" in result.stderr.strip().splitlines()[-2]

@@ -1,0 +1,93 @@
+"""The README's own-run path, as a new user follows it: an empty folder, no tracking server, `relctl init .`,
+the README's logging snippet copied verbatim (found by its marker), then check and promote to a released version.
+Every step is a separate process, as in a shell."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = README.parent
+MARKER = "<!-- relctl:own-run-snippet -->"
+RELCTL = Path(sys.executable).parent / "relctl"
+
+
+def readme_snippet() -> str:
+    """The python block right after the marker, character for character, as a user would copy it."""
+    text = README.read_text()
+    assert text.count(MARKER) == 1, "the README's own-run snippet marker is missing or repeated"
+    match = re.match(r"\s*```python\n(.*?)```", text[text.index(MARKER) + len(MARKER):], re.S)
+    assert match, "no python block follows the own-run snippet marker"
+    return match.group(1)
+
+
+def clean_env() -> dict[str, str]:
+    """No tracking server and no store settings: MLflow's and relctl's defaults only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RELCTL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def sh(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def log_run(folder: Path, env: dict[str, str], tiny_checkpoint: Path, tiny_data: Path) -> str:
+    """The user's training script: the README snippet verbatim, then one call of it."""
+    script = folder / "train.py"
+    script.write_text(readme_snippet() + "\nprint(log_for_relctl({!r}, {!r}, {!r}, {!r}))\n".format(
+        "my-model", str(tiny_checkpoint), str(tiny_data / "validation" / "prompts.jsonl"),
+        str(tiny_data / "eval.jsonl")))
+    done = sh([sys.executable, "train.py"], folder, env)
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"[0-9a-f]{32}", run_id), done.stdout
+    return run_id
+
+
+def test_the_readme_path_from_an_empty_folder_ends_in_a_released_version(
+        tmp_path: Path, tiny_checkpoint: Path, tiny_data: Path) -> None:
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    env = clean_env()
+    init = sh([str(RELCTL), "init", "."], folder, env)
+    assert init.returncode == 0, init.stderr
+    # Step 2: the export line init printed, run as a shell would.
+    export = next(line.strip() for line in init.stdout.splitlines() if line.strip().startswith("export "))
+    name, _, value = shlex.split(export.removeprefix("export "))[0].partition("=")
+    assert name == "MLFLOW_TRACKING_URI" and value == f"sqlite:///{folder.resolve()}/.relctl/mlflow.db"
+    env[name] = value
+    run_id = log_run(folder, env, tiny_checkpoint, tiny_data)
+    check = sh([str(RELCTL), "check", run_id], folder, env)
+    assert check.returncode == 0, check.stderr
+    promote = sh([str(RELCTL), "promote", run_id], folder, env)
+    assert promote.returncode == 0, promote.stdout + promote.stderr
+    assert "my-model v1 is production" in promote.stdout
+    status = sh([str(RELCTL), "status", "my-model", "--json"], folder, env)
+    assert status.returncode == 0 and '"production"' in status.stdout, status.stderr
+
+
+def test_a_run_logged_to_mlflows_defaults_is_found_by_the_hint(
+        tmp_path: Path, tiny_checkpoint: Path, tiny_data: Path) -> None:
+    folder = tmp_path / "first-try"
+    folder.mkdir()
+    env = clean_env()
+    assert sh([str(RELCTL), "init", "."], folder, env).returncode == 0
+    run_id = log_run(folder, env, tiny_checkpoint, tiny_data)   # step 2 skipped: MLflow's ./mlflow.db
+    assert (folder / "mlflow.db").is_file()
+    check = sh([str(RELCTL), "check", run_id], folder, env)
+    assert check.returncode == 2
+    store = f"{folder.resolve()}/.relctl/mlflow.db"
+    assert f"error: no MLflow store at {store}" in check.stderr
+    assert not Path(store).exists()                             # a read-only command created nothing
+    hint = next(line for line in check.stderr.splitlines() if line.startswith("hint: "))
+    assert f"the run may be in {folder.resolve()}/mlflow.db" in hint
+    # The hint's own export line points relctl at the run.
+    env["MLFLOW_TRACKING_URI"] = re.search(r"export MLFLOW_TRACKING_URI=(\S+)", hint).group(1)  # type: ignore[union-attr]
+    again = sh([str(RELCTL), "check", run_id], folder, env)
+    assert again.returncode == 0, again.stderr
