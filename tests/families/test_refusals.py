@@ -72,13 +72,16 @@ def test_a_config_the_builder_cannot_take_is_refused_in_seconds(case: str, famil
     checkpoint = edited(family_checkpoint(family), tmp_path / "checkpoint", config=changes)
     project = tmp_path / "project"
     project.mkdir()
+    # The onnxruntime-genai backend by name: with `auto`, another installed backend (vLLM) may take the model.
+    (project / "release.yaml").write_text("convert:\n  backend: onnxruntime-genai\n")
     run_id = log_family_run(project, checkpoint, family_shared.data_dir, experiment=family)
     refused(*relctl(project, "check", run_id), reason, "hint:")
     refused(*relctl(project, "promote", run_id, "--precision", "fp32"), reason)
     # convert on its own (the merged folder a user might hand it) refuses before the builder starts.
     base = shutil.copytree(checkpoint, tmp_path / "base",
                            ignore=shutil.ignore_patterns("adapter_config.json", "adapter_model.safetensors"))
-    refused(*relctl(project, "convert", str(base), str(tmp_path / "onnx"), "--precision", "fp32"), reason)
+    refused(*relctl(project, "convert", str(base), str(tmp_path / "onnx"), "--precision", "fp32",
+                    "--backend", "onnxruntime-genai"), reason)
     assert written(tmp_path / "onnx") == []
 
 

@@ -83,7 +83,7 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     mv = registry.get_version(MODEL, "1")
     # A small stable set of tags, documented in the README; numbers are metrics; lineage lives on the release run.
     assert set(mv.tags) == {"relctl.training_run_id", "relctl.release_run_id", "lineage.git_commit",
-                            "relctl.precision", "relctl.release_state", "relctl.serving_config_hash",
+                            "relctl.precision", "relctl.backend", "relctl.release_state", "relctl.serving_config_hash",
                             "relctl.package_manifest_sha256", "relctl.package_content_sha256", "gate.eval.status",
                             "gate.safety.status", "gate.memory.status", "gate.load.status", "gate.canary.status"}
     assert documented_version_tags() >= {k for k in mv.tags if not k.endswith(".status")}
