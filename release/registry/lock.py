@@ -35,6 +35,7 @@ from mlflow.tracking import MlflowClient
 from release.core.errors import RegistryError
 from release.core.model_name import LOCK_PREFIX
 
+TAGLESS_GRACE_S = 1.0
 LEASE_TAG = "relctl.lease"          # the marker: only a model carrying it is a lease relctl may break
 LEASE_KIND = "lease"
 BREAK_KIND = "break"
@@ -110,6 +111,7 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait: float | Non
     budget = wait_s() if wait is None else wait
     deadline = time.monotonic() + budget
     delay = 0.02
+    tagless_since: float | None = None
     while True:
         try:
             client.create_registered_model(name, tags=_owner_tags(LEASE_KIND, nonce, purpose),
@@ -124,7 +126,12 @@ def model_lock(client: MlflowClient, model: str, purpose: str, wait: float | Non
         if holder is not None and holder.get("nonce") == nonce:
             break  # our own create went through and MLflow's retry of it (after a lost answer) collided
         blocker = ""
-        if holder is not None and not is_lease(holder):
+        # Through a tracking server another relctl's lease can be read between its create and its tags (or
+        # its tags' removal and its delete): a tagless holder is judged only once it stays tagless for a second.
+        tagless = holder is not None and not holder
+        tagless_since = (tagless_since or time.monotonic()) if tagless else None
+        if holder is not None and not is_lease(holder) and (
+                not tagless or time.monotonic() - (tagless_since or 0.0) > TAGLESS_GRACE_S):
             _not_a_lease(model, name, holder)
             blocker = (f"; it carries no {LEASE_TAG} tag (an older relctl's lease?), so relctl never breaks it: "
                        f"delete '{name}' in MLflow if its holder is gone")

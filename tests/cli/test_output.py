@@ -17,6 +17,7 @@ from tests.registry.test_aliases import MODEL, _register
 
 
 def test_global_options_may_follow_the_subcommand(project_dir: Path) -> None:
+    Registry(resolve_store(project_dir)).list_models()  # a store exists: read commands never create one
     after = CliRunner().invoke(cli, ["status", "-q", "--project-dir", str(project_dir), "--json"])
     before = CliRunner().invoke(cli, ["-q", "--project-dir", str(project_dir), "status", "--json"])
     assert after.exit_code == before.exit_code == 0, after.output
