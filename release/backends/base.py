@@ -232,9 +232,10 @@ class Backend(ABC):
         return None
 
     # -- serving -----------------------------------------------------------------------------------
+    @abstractmethod
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
-        """The model inside relctl's own server. Backends that run their own server override server_command."""
-        raise NotImplementedError(f"backend {self.id} has no in-process runner")
+        """The model as relctl's own server drives it (an engine that is its own process, like vLLM, returns a
+        runner that forwards each admitted request to it, so admission, auth and headers stay relctl's)."""
 
     def server_command(self, model_dir: Path, served_name: str, host: str, port: int,
                        settings: ServerSettings) -> ServerCommand | None:

@@ -60,16 +60,37 @@ def model_facts(model_dir: Path) -> tuple[dict[str, Any], list[int]]:
     return config, [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
 
 
-class VllmModel:
+class FolderFacts:
+    """The context length and EOS ids of a built folder, read once (model_facts): shared by the model vLLM
+    serves and the PyTorch reference beside it."""
+
+    _context: int
+    _eos: list[int]
+
+    def _read_facts(self, model_dir: Path) -> dict[str, Any]:
+        config, eos = model_facts(model_dir)
+        self._eos = list(eos)
+        self._context = int(config.get("max_position_embeddings", 2048))
+        return config
+
+    @property
+    def context_length(self) -> int:
+        return self._context
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self._eos)
+
+
+class VllmModel(FolderFacts):
     """LoadedModel over a vLLM server (thread-safe: httpx clients are)."""
 
     def __init__(self, model_dir: Path, engine: EngineProcess, top_k: int) -> None:
         self.model_dir = model_dir
         self.engine = engine
         self.top_k = top_k
-        config, self._eos = model_facts(model_dir)
+        config = self._read_facts(model_dir)
         self.vocab_size = int(config["vocab_size"])
-        self._context = int(config.get("max_position_embeddings", 2048))
         self._http = httpx.Client(base_url=engine.url, timeout=300)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
@@ -90,13 +111,6 @@ class VllmModel:
         self._http.close()
         self.engine.stop()
 
-    @property
-    def context_length(self) -> int:
-        return self._context
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return list(self._eos)
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self._http.post(path, json={"model": SERVED_NAME, **body})

@@ -11,10 +11,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from release.backends.base import Generation
-from release.backends.vllm.model import model_facts
+from release.backends.vllm.model import FolderFacts
 
 
-class TorchReference:
+class TorchReference(FolderFacts):
     def __init__(self, model_dir: Path) -> None:
         import torch  # noqa: PLC0415 - relctl's [models] extra
         from transformers import AutoModelForCausalLM  # noqa: PLC0415
@@ -24,16 +24,8 @@ class TorchReference:
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self._model: Any = model.eval()
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        config, self._eos = model_facts(model_dir)
-        self._context = int(config.get("max_position_embeddings", 2048))
+        self._read_facts(model_dir)
 
-    @property
-    def context_length(self) -> int:
-        return self._context
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return list(self._eos)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text).ids)
