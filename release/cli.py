@@ -100,9 +100,14 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
         overrides["model"] = model_name
     progress = Progress(quiet=ctx.quiet)
     report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path)
-    emit(report.to_dict(), as_json,
-          lambda: click.echo(f"{report.model} v{report.version} is production" if report.version
-                             else f"{report.model}: {report.outcome} (nothing registered)"))
+    if report.outcome == "awaiting-approval":
+        done = (f"{report.model} v{report.version} passed its gates and waits for an approval: "
+                f"relctl approve {report.model}/{report.version} --reason ...")
+    elif report.version:
+        done = f"{report.model} v{report.version} is production"
+    else:
+        done = f"{report.model}: {report.outcome} (nothing registered)"
+    emit(report.to_dict(), as_json, lambda: click.echo(done))
 
 
 @cli.command()
@@ -182,6 +187,27 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
     move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
     frm, to = move.changes["production"]
     emit(asdict(move), as_json, lambda: click.echo(f"{model}: production v{frm} -> v{to}"))
+
+
+@cli.command()
+@click.argument("spec", metavar="MODEL/VERSION")
+@click.option("--reason", required=True, help="Why this version may serve production; recorded and signed.")
+@json_option
+@click.pass_obj
+@handled
+def approve(ctx: Ctx, spec: str, reason: str, as_json: bool) -> None:
+    """Approve a version that passed its gates and waits for an approval (release.yaml require_approval): the
+    approval (you: $RELCTL_USER, else git's user.email, else your login) is recorded, signed with the release
+    key when one is configured, and production moves to the version."""
+    from release.commands import api
+    from release.pipeline.progress import Progress
+
+    done = api.approve(spec, ctx.project_dir, reason, Progress(quiet=ctx.quiet))
+    a = done.approval
+    data = {"approval": asdict(a), "signed_by": done.signed_by, "move": asdict(done.move) if done.move else None}
+    emit(data, as_json, lambda: click.echo(
+        f"{a.model} v{a.version} approved by {a.approver} ({a.approver_source}); it is production"
+        + (f" (signed with {done.signed_by})" if done.signed_by else " (approval unsigned: no signing key)")))
 
 
 @cli.command()

@@ -115,6 +115,9 @@ class ReleaseConfig(Strict):
     validation: ValidationConfig = ValidationConfig()
     serving: ServingConfig = ServingConfig()
     signing: SigningConfig = SigningConfig()
+    require_approval: bool = Field(
+        False, description="a version that passed its gates waits as `candidate` (state awaiting-approval; production "
+                           "unmoved) until `relctl approve MODEL/VERSION --reason ...` records who approved it")
     require: list[str] = Field(
         default_factory=list,
         description="gate ids that must be configured and must pass (not skip) for a release, e.g. [eval, safety]")

@@ -182,6 +182,26 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
             "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
 
 
+def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None = None) -> Any:
+    """`relctl approve MODEL/VERSION`: record who approved a version waiting for it, move production to it
+    (release/pipeline/approve.py). Refusals are exit 2, before anything is written."""
+    from release.pipeline.approve import approve as approve_version  # noqa: PLC0415 - not for the read commands
+    from release.pipeline.progress import Progress  # noqa: PLC0415 - as above
+    from release.signing.approval import approver  # noqa: PLC0415 - as above
+
+    name, _, version = spec.partition("/")
+    if not version or not version.isdigit():
+        raise InputError(f"{spec}: expected MODEL/VERSION (a version number)",
+                         hint="e.g. relctl approve my-model/3 --reason 'reviewed the eval report'")
+    check_model_name(name, "model")
+    who = approver(project_dir)
+    signer = project_signing_key(project_dir)  # a bad key fails here, before anything is written
+    trust = project_trust(project_dir)
+    registry = open_registry(project_dir)
+    return approve_version(registry, name, version, reason, who, trust, signer,
+                           (progress or Progress(quiet=False)).note)
+
+
 def history(model: str, project_dir: Path) -> list[AliasMove]:
     """The alias history: one read of the registered model (its tags hold it), unless a move is pending."""
     check_model_name(model, "model")

@@ -54,6 +54,7 @@ from release.registry import tags as T
 from release.registry.client import logged_model_id
 from release.registry.errors import as_registry_error
 from release.registry.runs import ReleaseRun
+from release.registry.states import AWAITING_APPROVAL
 from release.registry.store import Store
 from release.signing.keys import SigningKey, Trust, signing_key, trusted_keys
 from release.stages import register as reg
@@ -210,10 +211,15 @@ class Promotion:
         pause_point("register:before")
         later = gates_of_phase(gates, "after_register")
         under_canary = bool(later) and production is not None
-        registered = self._register(pipe, run, name, package, report, production, under_canary)
-        if registered is None or not later:
+        # require_approval: registered as `candidate` whatever the gates; production waits for relctl approve.
+        registered = self._register(pipe, run, name, package, report, production,
+                                    under_canary or self.cfg.require_approval)
+        if registered is None:
             return
-        self._after_register(run, name, package, intake, report, production, registered, later)
+        if later:
+            self._after_register(run, name, package, intake, report, production, registered, later)
+        elif self.cfg.require_approval:
+            self._await_approval(run, name, registered, report, production)
 
     def _check_precision_range(self, intake: IntakeResult) -> None:
         if self.cfg.convert.precision != "fp16" or not intake.fp16_overflow:
@@ -386,6 +392,9 @@ class Promotion:
                 self.gate_results.append(skipped)
                 report.gates.append(result_to_dict(skipped))
             self.gates_markdown = render_markdown(self.gate_results, None)
+            if self.cfg.require_approval:
+                self._await_approval(run, name, version, report, production)
+                return
             self._record(name, version, run, report)
             return
         try:
@@ -414,12 +423,28 @@ class Promotion:
             self._record(name, version, run, report)
             raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
                           hint="production was never moved; see the release report for the evidence")
+        if self.cfg.require_approval:  # the canary passed; production waits for the approval
+            self._await_approval(run, name, version, report, production)
+            return
         move, notes = reg.promote_version(self.registry, name, version, "canary passed", run.run_id,
                                           expected_production=production.version, clear_candidate=True,
                                           action="canary")
         for note in notes:
             self.progress.note(note)
         report.aliases, report.outcome = (move.changes if move else {}), "released"
+        self._record(name, version, run, report)
+
+    def _await_approval(self, run: ReleaseRun, name: str, version: str, report: ReleaseReport,
+                        production: ProductionRef | None) -> None:
+        """Every gate passed: the version waits as `candidate` until relctl approve (release/pipeline/approve.py).
+        The production it was compared with is recorded: an approval after production moved is refused."""
+        self.registry.set_version_tags(name, version, {T.RELEASE_STATE: AWAITING_APPROVAL,
+                                                       T.GATED_AGAINST: production.version if production else ""})
+        report.outcome = "awaiting-approval"
+        note = (f"{name} v{version} passed its gates and waits for an approval (require_approval): production "
+                f"does not move until `relctl approve {name}/{version} --reason ...`")
+        report.notes.append(note)
+        self.progress.note(note)
         self._record(name, version, run, report)
 
     def _unwind(self, name: str, version: str, run: ReleaseRun, report: ReleaseReport, exc: BaseException) -> None:

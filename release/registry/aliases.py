@@ -95,18 +95,19 @@ def _apply(client: MlflowClient, name: str, changes: Changes, current: dict[str,
 
 def apply_move(
     client: MlflowClient, name: str, current: dict[str, str], wanted: dict[str, str | None], action: str,
-    reason: str, release_run: str | None,
+    reason: str, release_run: str | None, user: str | None = None,
 ) -> AliasMove | None:
     """Move the aliases in `wanted` (None deletes), recording intent and confirmation; None if nothing changes.
 
-    The caller holds the model's lock and passes the aliases it read under it.
+    The caller holds the model's lock and passes the aliases it read under it. `user`: who the history names
+    (an approval names its approver); default the login name.
     """
     changes: Changes = {a: [current.get(a), to] for a, to in wanted.items() if current.get(a) != to}
     if not changes:
         return None
     at = datetime.now(UTC).isoformat(timespec="milliseconds")
     move = AliasMove(at=at, action=action, changes=changes, reason=reason, release_run=release_run,
-                     state="pending", key=_new_key(at))
+                     user=user or _user(), state="pending", key=_new_key(at))
     try:
         _write(client, name, move)
         pause_point("alias-move:intent-recorded")

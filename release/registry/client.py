@@ -371,7 +371,8 @@ class Registry:
         return lk.model_lock(self.client, name, purpose)
 
     def locked_move(self, name: str, decide: Decide, action: str, reason: str,
-                    release_run: str | None, override: bool = False) -> tuple[al.AliasMove | None, list[str]]:
+                    release_run: str | None, override: bool = False, user: str | None = None
+                    ) -> tuple[al.AliasMove | None, list[str]]:
         """Under the model's lock: repair half-done moves, let `decide(current aliases)` choose, check each
         target against the alias state rule (registry/states.py), move.
 
@@ -384,7 +385,7 @@ class Registry:
             forced = self._check_targets(name, current, wanted, release_run, override)
             if forced:
                 reason = f"{reason} (forced with {states.OVERRIDE_FLAG}: {'; '.join(forced)})"
-            move = al.apply_move(self.client, name, current, wanted, action, reason, release_run)
+            move = al.apply_move(self.client, name, current, wanted, action, reason, release_run, user)
         if move is not None or notes:
             self.refresh_model_page(name)
         return move, notes

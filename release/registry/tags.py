@@ -76,9 +76,16 @@ TRAINING_GIT_DIRTY = "git.dirty"
 DATASET_CONTEXT = "mlflow.data.context"
 
 
+# An approval (relctl approve, release/signing/approval.py): the signed statement, its signature by the
+# release key (none when no key is configured), and the production version the gates compared with.
+APPROVAL = "relctl.approval"
+APPROVAL_SIGNATURE = "relctl.approval_signature"
+GATED_AGAINST = "relctl.gated_against"
+
 # The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
 VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE, SERVING_CONFIG_HASH,
-                          MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON})
+                          MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL, APPROVAL_SIGNATURE,
+                          GATED_AGAINST})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
 
