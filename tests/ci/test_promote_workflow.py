@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-llm"
 INSTALL_STEP = "install relctl"
+CHOOSE_STEP = "choose what to install"  # tests/ci/test_install_and_approve.py runs it
 TOKEN = "tok-7f3a9c-never-printed"
 # The example's gates (eval, safety, load), with a shorter load test.
 GATES = {
@@ -64,7 +65,8 @@ def run_workflow(repo: Path, run_id: str, secrets: dict[str, str] | None = None,
            **(extra_env or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
     return run_job(repo / ".github/workflows/promote.yml", "promote", repo, ctx or contexts(run_id, secrets),
-                   skip={INSTALL_STEP: "relctl is already installed in the test's virtualenv"}, base_env=env)
+                   skip={CHOOSE_STEP: "relctl is already installed in the test's virtualenv",
+                         INSTALL_STEP: "relctl is already installed in the test's virtualenv"}, base_env=env)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_workflow_steps_promote_the_example_run(repo: tuple[Path, str]) -> None:
     job = run_workflow(path, run_id)
     promote = job.step("promote")
     assert promote.status == "success", promote.log[-3000:]
-    assert promote.outputs == {"exit_code": "0"}
+    assert promote.outputs == {"exit_code": "0", "outcome": "released", "version": "1", "model": "tiny-llm"}
     assert job.step(INSTALL_STEP).status == "skipped"
     assert job.step("upload report").status == "skipped"  # an action; what it uploads is checked below
     assert "### relctl gates" in job.summary and "| Gate | Status | Reason |" in job.summary
@@ -115,7 +117,7 @@ def test_blocked_release_is_exit_1_with_the_gate_table(repo: tuple[Path, str]) -
     finally:
         (path / "release.yaml").write_text(original)
     promote = job.step("promote")
-    assert promote.exit_code == 1 and promote.outputs == {"exit_code": "1"}, promote.log[-3000:]
+    assert promote.exit_code == 1 and promote.outputs["exit_code"] == "1", promote.log[-3000:]
     assert job.failed
     assert "| eval |" in job.summary and "relctl exit code 1**: blocked" in job.summary
     assert job.step("collect gate evidence and plots").status == "success"  # if: always()
@@ -126,7 +128,7 @@ def test_bad_run_id_is_exit_2_with_the_error_in_the_summary(repo: tuple[Path, st
     path, _ = repo
     job = run_workflow(path, "0123456789abcdef0123456789abcdef")
     promote = job.step("promote")
-    assert promote.exit_code == 2 and promote.outputs == {"exit_code": "2"}, promote.log[-3000:]
+    assert promote.exit_code == 2 and promote.outputs["exit_code"] == "2", promote.log[-3000:]
     assert "relctl exit code 2**: bad input" in job.summary
     assert "\nerror: " in job.summary and "\nhint: " in job.summary
 
@@ -136,7 +138,7 @@ def test_unreachable_tracking_server_is_exit_4_and_the_token_is_never_printed(re
     secrets = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9", "MLFLOW_TRACKING_TOKEN": TOKEN}
     job = run_workflow(path, run_id, secrets, extra_env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})
     promote = job.step("promote")
-    assert promote.exit_code == 4 and promote.outputs == {"exit_code": "4"}, promote.log[-3000:]
+    assert promote.exit_code == 4 and promote.outputs["exit_code"] == "4", promote.log[-3000:]
     assert "relctl exit code 4**: infrastructure" in job.summary
     printed = (job.summary + "".join(s.log for s in job.steps)).encode()
     printed += b"".join(p.read_bytes() for p in (path / "relctl-report").rglob("*") if p.is_file())

@@ -137,7 +137,7 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
     assert verify_approval(statement, signature, trust) == "release.pub"
     from release.core.errors import InputError
 
-    with pytest.raises(InputError, match="does not verify with trusted key release.pub"):
+    with pytest.raises(InputError, match=r"does not verify with trusted key release\.pub"):
         verify_approval(statement.replace("alice", "mallory"), signature, trust)
     # Approving it again is refused: it is released.
     again = relctl(project, "approve", f"{MODEL}/1", "--reason", "twice")
