@@ -139,7 +139,8 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
                      project_trust(ctx.project_dir))
     emit(chain, as_json, lambda: click.echo("\n".join(tr.render(chain))))
     if not chain["integrity"]["ok"]:
-        raise Blocked(f"{model} v{version}: {chain['integrity']['problem']}",
+        problem = str(chain["integrity"]["problem"])  # already names the version when a check found it
+        raise Blocked(problem if problem.startswith(f"{model} v{version}") else f"{model} v{version}: {problem}",
                       hint="the served package differs from the released one; re-deploy from the registry")
 
 

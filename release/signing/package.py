@@ -26,7 +26,9 @@ from release.core.package import MANIFEST, PROVENANCE, SIGNATURE
 from release.signing.keys import SigningKey, Trust
 
 PROVENANCE_TYPE = "https://relctl.dev/provenance/v1"
-_MISMATCH = re.compile(r"Hash mismatch for '([^']+)'")
+# model-signing raises ValueError(list_of_messages): the text is the list's repr, in which a message holding
+# both quote kinds (a digest's bytes may have a `"`) has its single quotes escaped (\'): match either form.
+_MISMATCH = re.compile(r"Hash mismatch for \\?'([^'\\]+)\\?'")
 _EXTRA = re.compile(r"Extra files found in model '[^']*': ([^,\]\"']+)")
 _MISSING = re.compile(r"Missing files in model '[^']*': ([^,\]\"']+)")
 
