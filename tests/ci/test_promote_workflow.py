@@ -91,6 +91,8 @@ def test_workflow_steps_promote_the_example_run(repo: tuple[Path, str]) -> None:
     job = run_workflow(path, run_id)
     promote = job.step("promote")
     assert promote.status == "success", promote.log[-3000:]
+    # exit code, outcome, version, model and release run: what the approve job and later steps read
+    release_run = promote.outputs.pop("release_run")
     assert promote.outputs == {"exit_code": "0", "outcome": "released", "version": "1", "model": "tiny-llm"}
     assert job.step(INSTALL_STEP).status == "skipped"
     assert job.step("upload report").status == "skipped"  # an action; what it uploads is checked below
@@ -100,6 +102,7 @@ def test_workflow_steps_promote_the_example_run(repo: tuple[Path, str]) -> None:
     assert "relctl exit code 0**: released" in job.summary
     report = json.loads((path / "relctl-report/report.json").read_text())
     assert report["outcome"] == "released" and report["version"] == "1"
+    assert report["release_run"] == release_run
     # The artifact folder holds the report, the log and the gates' evidence, the load gate's plots included.
     assert (path / "relctl-report/promote.log").read_text().strip()
     assert list((path / "relctl-report/gates/load").rglob("*.png"))
