@@ -211,6 +211,8 @@ class Promotion:
         pause_point("register:before")
         later = gates_of_phase(gates, "after_register")
         under_canary = bool(later) and production is not None
+        if self.cfg.require_approval and not later and self._still_waiting(run, name, report, production):
+            return
         # require_approval: registered as `candidate` whatever the gates; production waits for relctl approve.
         registered = self._register(pipe, run, name, package, report, production,
                                     under_canary or self.cfg.require_approval)
@@ -433,6 +435,24 @@ class Promotion:
             self.progress.note(note)
         report.aliases, report.outcome = (move.changes if move else {}), "released"
         self._record(name, version, run, report)
+
+    def _still_waiting(self, run: ReleaseRun, name: str, report: ReleaseReport,
+                       production: ProductionRef | None) -> bool:
+        """This very package already waits for an approval (a re-run promote, a repeated dispatch): the new
+        gate results go onto that version, which stays the one to approve, instead of a twin beside it."""
+        if not self.registry.model_exists(name):
+            return False
+        waiting = [v for v in self.registry.find_versions(name, T.CONTENT_SHA256, report.package["content_sha256"])
+                   if v.tags.get(T.RELEASE_STATE) == AWAITING_APPROVAL]
+        if not waiting:
+            return False
+        version = str(waiting[-1].version)
+        report.version = version
+        self.registry.move_aliases(name, {CANDIDATE: version}, "candidate",
+                                   f"re-gated while waiting for an approval (training run {report.training_run})",
+                                   run.run_id)
+        self._await_approval(run, name, version, report, production)
+        return True
 
     def _await_approval(self, run: ReleaseRun, name: str, version: str, report: ReleaseReport,
                         production: ProductionRef | None) -> None:

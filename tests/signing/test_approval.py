@@ -53,7 +53,10 @@ def awaiting(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> dict[st
             "gates:\n  safety:\n    max_rate: {harmful: 0.0}\nrequire: [safety]\n")
         run_id = load_train_module().log_run(tiny_run, project, experiment=MODEL)
         promoted = relctl(project, "promote", run_id, "--json")
-    return {"project": project, "private": private, "public": public, "run": run_id, "promoted": promoted}
+        # A repeated dispatch of the same run while v1 waits: the gates re-run, and v1 stays the one to approve.
+        again = relctl(project, "promote", run_id, "--json")
+    return {"project": project, "private": private, "public": public, "run": run_id, "promoted": promoted,
+            "again": again}
 
 
 def test_a_full_signed_release_verifies_with_relctl_verify_and_the_upstream_cli(awaiting: dict[str, Any]) -> None:
@@ -98,6 +101,11 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
     report = json.loads(promoted.stdout)
     assert report["outcome"] == "awaiting-approval" and report["version"] == "1"
     registry = Registry(resolve_store(project))
+    again = awaiting["again"]
+    assert again.exit_code == 0, again.output
+    assert (json.loads(again.stdout)["outcome"], json.loads(again.stdout)["version"]) == ("awaiting-approval", "1")
+    assert [v.version for v in registry.find_versions(MODEL, T.RELEASE_STATE, "awaiting-approval")] == ["1"]
+    assert "waits for an approval" in again.stderr
     # Gates passed, production did not move: the version waits as candidate.
     assert registry.aliases(MODEL) == {"candidate": "1"}
     assert registry.get_version(MODEL, "1").tags[T.RELEASE_STATE] == "awaiting-approval"
