@@ -199,3 +199,40 @@ def test_an_approval_of_an_ungated_unknown_rejected_or_tampered_version_is_refus
                                          "production version, but production is now v3")
     assert registry.aliases(PKG_MODEL)["production"] == "3"
     assert _artifact_root(registry, "2").is_dir()
+
+
+def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production(
+        tmp_path_factory: pytest.TempPathFactory, tiny_run: Any, tinyllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary path: v2 is judged beside production v1 as `candidate`; once it passed, it keeps waiting
+    there (production stays v1) until approved; the approval moves production and previous in one entry."""
+    from dataclasses import replace
+
+    from tests.stages.test_canary_release import CANARY
+
+    for name in (KEY_ENV, TRUSTED_ENV, UNSIGNED_ENV, USER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    project = tmp_path_factory.mktemp("approval-canary")
+    train = load_train_module()
+    (project / "release.yaml").write_text(f"model: {MODEL}\nconvert:\n  precision: fp32\n")
+    first = relctl(project, "promote", train.log_run(tiny_run, project, experiment=MODEL))
+    assert first.exit_code == 0, first.output
+    second = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("run2"), replace(tiny_run.config, seed=1))
+    (project / "release.yaml").write_text(f"model: {MODEL}\nconvert:\n  precision: fp32\nrequire_approval: true\n"
+                                          f"{CANARY}")
+    promoted = relctl(project, "promote", train.log_run(second, project, experiment=MODEL), "--json")
+    assert promoted.exit_code == 0, promoted.output
+    report = json.loads(promoted.stdout)
+    assert report["outcome"] == "awaiting-approval" and report["version"] == "2"
+    assert next(g for g in report["gates"] if g["gate"] == "canary")["status"] == "pass"
+    registry = Registry(resolve_store(project))
+    assert registry.aliases(MODEL) == {"production": "1", "candidate": "2"}
+    assert registry.get_version(MODEL, "2").tags[T.GATED_AGAINST] == "1"
+    monkeypatch.setenv(USER_ENV, "carol")
+    approved = relctl(project, "approve", f"{MODEL}/2", "--reason", "canary looked fine")
+    assert approved.exit_code == 0, approved.output
+    assert "(approval unsigned: no signing key)" in approved.stdout
+    assert registry.aliases(MODEL) == {"production": "2", "previous": "1"}
+    last = registry.history(MODEL)[-1]
+    assert (last.action, last.user, last.changes) == ("approve", "carol", {
+        "production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]})
+    assert registry.get_version(MODEL, "2").tags[T.APPROVAL_SIGNATURE] == ""
