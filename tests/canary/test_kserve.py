@@ -11,7 +11,7 @@ from release.deploy.kserve import KServeOptions
 
 
 def test_canary_manifest_pins_the_candidate_with_its_share() -> None:
-    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="ghcr.io/acme/relctl:1"))
+    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="ghcr.io/acme/relctl:1", memory_gib=4))
     assert text.startswith("# relctl canary manifest: tiny-llm v4 at 10% beside production v3")
     manifest = yaml.safe_load(text)
     assert manifest["kind"] == "InferenceService"
