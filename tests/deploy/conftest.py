@@ -54,7 +54,7 @@ def keypair(folder: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def genai_package(root: Path, name: str, provider: str) -> Path:
+def genai_package(root: Path, name: str, provider: str, model: str = "tiny-llm") -> Path:
     """An onnxruntime-genai package built for `provider` (its genai_config.json's session options say so)."""
     runtime, source = root / f"{name}-rt", root / f"{name}-src"
     runtime.mkdir()
@@ -68,7 +68,7 @@ def genai_package(root: Path, name: str, provider: str) -> Path:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name, [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(runtime / "model.onnx"))
     (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    fields = {"model_name": "tiny-llm", "precision": "int4" if provider == "cpu" else "fp16", "lineage": {},
+    fields = {"model_name": model, "precision": "int4" if provider == "cpu" else "fp16", "lineage": {},
               "serving": {}}
     build_package(root / name, runtime, source, fields, get_backend("onnxruntime-genai"))
     return root / name
