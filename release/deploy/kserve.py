@@ -198,12 +198,32 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
 
 
 def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> str:
-    """The manifest as YAML text, headed by a comment naming what it serves."""
+    """The manifest as YAML text, headed by a comment naming what it serves (and, in Serverless mode, the
+    Knative features it needs)."""
     manifest = render_kserve(spec, options, template)
     annotations = manifest["metadata"]["annotations"]
     header = (f"# relctl render kserve {annotations['relctl/model']}/{annotations['relctl/version']} "
               f"({MODES_LABEL[annotations[MODE_ANNOTATION]]}; relctl {__version__})\n")
+    features = knative_features(manifest)
+    if features:
+        header += (f"# Knative rejects this spec unless its config-features ConfigMap (knative-serving) enables: "
+                   f"{', '.join(features)}\n")
     return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))
+
+
+# Pod spec fields Knative Serving (KServe's Serverless mode) refuses unless a feature flag enables them;
+# a RawDeployment is a plain Deployment and takes them all.
+KNATIVE_FEATURES = (("initContainers", "kubernetes.podspec-init-containers"),
+                    ("nodeSelector", "kubernetes.podspec-nodeselector"),
+                    ("tolerations", "kubernetes.podspec-tolerations"))
+
+
+def knative_features(manifest: dict[str, Any]) -> list[str]:
+    """The Knative feature flags a Serverless manifest needs; none for RawDeployment."""
+    if manifest["metadata"]["annotations"].get(MODE_ANNOTATION) != MODES["serverless"]:
+        return []
+    predictor = manifest["spec"]["predictor"]
+    return [flag for field_name, flag in KNATIVE_FEATURES if predictor.get(field_name)]
 
 
 MODES_LABEL = {"Serverless": "KServe Serverless mode", "RawDeployment": "KServe RawDeployment mode"}

@@ -155,6 +155,18 @@ def test_a_cuda_build_is_scheduled_on_gpu_nodes(project: Project) -> None:
     assert "nvidia.com/gpu" not in json.dumps(container(cpu)["resources"])
 
 
+def test_a_serverless_manifest_names_the_knative_features_it_needs(project: Project) -> None:
+    gpu = project.relctl("render", "kserve", "tiny-llm/2", "--image", IMAGE)
+    assert gpu.exit_code == 0, gpu.output
+    needs = [line for line in gpu.stdout.splitlines() if line.startswith("# Knative rejects this spec")]
+    assert needs and needs[0].endswith("kubernetes.podspec-nodeselector, kubernetes.podspec-tolerations")
+    chat = project.relctl("render", "kserve", "tiny-chat/1", "--image", IMAGE)
+    assert "kubernetes.podspec-init-containers" in chat.stdout.splitlines()[1]
+    for quiet in (("tiny-llm/1",), ("tiny-llm/2", "--mode", "raw")):
+        result = project.relctl("render", "kserve", *quiet, "--image", IMAGE)
+        assert result.exit_code == 0 and "# Knative" not in result.stdout
+
+
 def test_a_package_is_not_rendered_for_a_device_it_was_not_built_for(project: Project) -> None:
     on_gpu = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--gpus", "1")
     assert on_gpu.exit_code == 2 and on_gpu.stdout == ""
