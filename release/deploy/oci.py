@@ -65,12 +65,24 @@ def parse_oci(uri: str) -> OciRef:
     return OciRef(match["host"], match["repo"], match["tag"], match["digest"])
 
 
+def _insecure(ref: OciRef) -> bool:
+    host = ref.host.rsplit(":", 1)[0] if not ref.host.startswith("[") else ref.host.split("]")[0] + "]"
+    return host in LOOPBACK
+
+
 def _client(ref: OciRef) -> Any:
+    """An oras client for the registry, once it answered: oras retries a refused connection for over two
+    minutes (right for a blip, not for a wrong host), so one plain request first fails fast, exit 4."""
+    import httpx  # noqa: PLC0415
     import oras.client  # noqa: PLC0415 - only publish and pull need it
 
-    host = ref.host.rsplit(":", 1)[0] if not ref.host.startswith("[") else ref.host.split("]")[0] + "]"
-    client = oras.client.OrasClient(hostname=ref.host, insecure=host in LOOPBACK)
-    return client
+    base = f"{'http' if _insecure(ref) else 'https'}://{ref.host}/v2/"
+    try:
+        httpx.get(base, timeout=10)   # 200, or 401 asking for a token: either way a registry is there
+    except httpx.HTTPError as exc:
+        raise RegistryError(f"cannot reach the OCI registry {ref.host}: {exc}",
+                            hint="check the host and port, and that the registry is up") from exc
+    return oras.client.OrasClient(hostname=ref.host, insecure=_insecure(ref))
 
 
 def _container(client: Any, ref: OciRef) -> Any:

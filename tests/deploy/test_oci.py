@@ -9,7 +9,9 @@ import gzip
 import hashlib
 import io
 import json
+import socket
 import tarfile
+import time
 from pathlib import Path
 
 import httpx
@@ -139,3 +141,17 @@ def test_render_pins_the_published_digest(project: Project, published: str, tmp_
 
     anchor = open_registry(project.root).get_version("oci-llm", "1").tags[T.MANIFEST_SHA256]
     assert _cached(cache / ".relctl" / "serve-cache" / "oci-llm" / "1", anchor) is not None
+
+
+def test_bad_references_are_exit_2_and_an_unreachable_registry_exit_4_quickly(project: Project, tmp_path: Path) -> None:
+    bad = project.relctl("pull", "oci://no-repo", "--to", str(tmp_path / "a"))
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: oci://no-repo: not an OCI reference")
+    to_digest = project.relctl("publish", "oci-llm/1", "--to", f"oci://127.0.0.1:1/m@sha256:{'a' * 64}")
+    assert to_digest.exit_code == 2 and "cannot be pushed to" in to_digest.stderr
+    with socket.socket() as closed:   # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    started = time.monotonic()
+    down = project.relctl("pull", f"oci://127.0.0.1:{port}/m@sha256:{'a' * 64}", "--to", str(tmp_path / "b"))
+    assert down.exit_code == 4 and "cannot reach the OCI registry" in down.stderr.splitlines()[0]
+    assert time.monotonic() - started < 30 and not (tmp_path / "b").exists()
