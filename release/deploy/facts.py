@@ -38,8 +38,8 @@ class VersionFacts:
     model: str
     version: str
     backend: str = LEGACY_BACKEND
-    # The device the package was built for: "cuda" (a CUDA build) or "cpu". vLLM's safetensors load on either;
-    # its fp16/bf16 packages only on CUDA.
+    # The device the package was built for: "cuda" (a CUDA build) or "cpu"; "unknown" when only MODEL/VERSION
+    # is known (nothing is refused then). vLLM's safetensors load on either; its fp16/bf16 packages only on CUDA.
     provider: str = "cpu"
     per_replica_bytes: int | None = None
     oci_uri: str | None = None                 # oci://HOST/REPO@sha256:..., set by `relctl publish`
@@ -48,11 +48,11 @@ class VersionFacts:
 
     @property
     def gpu_capable(self) -> bool:
-        return self.provider == "cuda" or self.backend == VLLM
+        return self.provider in ("cuda", "unknown") or self.backend == VLLM
 
     @property
     def cpu_capable(self) -> bool:
-        return self.provider == "cpu" and not (self.backend == VLLM and self.dtype in GPU_ONLY_DTYPES)
+        return self.provider in ("cpu", "unknown") and not (self.backend == VLLM and self.dtype in GPU_ONLY_DTYPES)
 
 
 def read_version_facts(registry: Registry, model: str, version: str) -> VersionFacts:

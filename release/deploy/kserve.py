@@ -131,7 +131,7 @@ def check_options(options: KServeOptions) -> None:
 def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
     """The InferenceService for `spec` as a dict, ready for yaml.safe_dump. `spec`: the version's facts as
     read from the registry, or MODEL/VERSION alone (then --memory-gib must be given: no plan is known)."""
-    facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec))
+    facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec), provider="unknown")
     check_options(options)
     model, version = facts.model, facts.version
     vllm = facts.backend == VLLM

@@ -23,6 +23,13 @@ def test_canary_manifest_pins_the_candidate_with_its_share() -> None:
     assert notes["relctl/model-uri"] == "models:/tiny-llm/4"
 
 
+def test_a_canary_on_gpus_is_scheduled_on_gpu_nodes() -> None:
+    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="x", memory_gib=6, gpus=1))
+    predictor = yaml.safe_load(text)["spec"]["predictor"]
+    assert predictor["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert predictor["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
 @pytest.mark.parametrize("percent", [0, 101])
 def test_a_share_outside_1_to_100_is_refused(percent: int) -> None:
     with pytest.raises(InputError, match=r"within 1\.\.100"):
