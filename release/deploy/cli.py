@@ -55,8 +55,8 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--engine-image", default=None,
               help="vLLM versions: the engine's image [default: vllm/vllm-openai at relctl's vLLM version].")
 @click.option("--trusted-keys", default="relctl-trusted-keys", show_default=True,
-              help="ConfigMap holding the trusted public key (release.pub) the package's signature is checked "
-                   "against where an init container fetches it (vLLM, OCI).")
+              help="ConfigMap holding the release's public key (release.pub): relctl serve and the init "
+                   "containers check the package's signature against it before anything loads.")
 @click.option("--cache-gib", type=float, default=10.0, show_default=True,
               help="Size of the writable package volume.")
 @click.option("--min-replicas", type=click.IntRange(0), default=1, show_default=True, help="Fewest replicas.")

@@ -67,7 +67,7 @@ class KServeOptions:
     gpu_resource: str = "nvidia.com/gpu"
     node_selector: dict[str, str] | None = field(default=None)   # None: GPU_NODE_LABEL on a GPU manifest
     engine_image: str | None = None            # vLLM: the engine's image (default vllm/vllm-openai, CUDA)
-    trusted_keys: str = "relctl-trusted-keys"  # vLLM/OCI: ConfigMap with the trusted public key (release.pub)
+    trusted_keys: str = "relctl-trusted-keys"  # ConfigMap with the release's public key (release.pub)
     cache_gib: float = 10.0
     min_replicas: int = 1
     max_replicas: int = 1
@@ -277,16 +277,14 @@ def _pull_from_oci(predictor: dict[str, Any], container: dict[str, Any], facts: 
     cache_mount = next((m["mountPath"] for m in mounts if m.get("name") == predictor["volumes"][0]["name"]),
                        "/var/cache/relctl")
     cache = f"{cache_mount}/{STATE_DIR}/serve-cache/{facts.model}/{facts.version}"
+    # The same environment and volumes as relctl serve's (registry credentials, the trusted key).
     env = [e for e in container.get("env", []) if e.get("name") != "RELCTL_PROJECT_DIR"]
     predictor["initContainers"] = [{
         "name": "relctl-pull", "image": options.image,
         "command": ["relctl", "--project-dir", cache_mount, "pull", str(facts.oci_uri), "--to", cache,
                     "--model", facts.model],
-        "env": [{"name": "RELCTL_TRUSTED_KEYS", "value": "/etc/relctl/trusted-keys/release.pub"}, *env],
-        "volumeMounts": [*mounts, {"name": "relctl-trusted-keys", "mountPath": "/etc/relctl/trusted-keys",
-                                   "readOnly": True}],
+        "env": env, "volumeMounts": list(mounts),
     }]
-    predictor["volumes"].append({"name": "relctl-trusted-keys", "configMap": {"name": options.trusted_keys}})
 
 
 def _fill(node: Any, values: dict[str, str]) -> Any:

@@ -24,7 +24,7 @@ from release.cli import cli
 from release.core.templates import templates_dir
 from release.deploy.facts import VersionFacts
 from release.deploy.kserve import MODE_ANNOTATION, KServeOptions, render_kserve, service_name
-from tests.deploy.conftest import GIB, Project, free_port
+from tests.deploy.conftest import GIB, Project, free_port, keypair
 
 REPO = Path(__file__).resolve().parents[2]
 SDK = REPO / ".relctl-tools" / "kserve-sdk"
@@ -269,22 +269,43 @@ def container_env(manifest: dict[str, Any], secret: dict[str, str], paths: dict[
     return env
 
 
-def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Path) -> None:
+def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """ENTRYPOINT + the manifest's args and env, joined as the container runtime does; PORT as Knative sets
-    it. The Secret names a registry (here an SQLite store holding the registered package); the image's
-    cache path is swapped for a writable folder."""
+    it. The Secret names a registry (here an SQLite store holding the registered, signed package); the
+    image's cache path is swapped for a writable folder and the trusted-key ConfigMap's file for the
+    release's public key. A second start that trusts another key refuses to serve."""
     registry = tmp_path / "registry"
     registry.mkdir()
-    registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm", "--json")
+    private, public = keypair(tmp_path)
+    with monkeypatch.context() as mp:
+        mp.setenv("RELCTL_SIGNING_KEY", str(private))
+        registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm",
+                            "--json")
     assert registered.exit_code == 0, registered.output
     manifest = rendered(Project(registry, Path(), Path()), "tiny-llm/1", "--image", IMAGE, "--memory-gib", "4")
+    trusted = {e["name"]: e.get("value") for e in container(manifest)["env"]}["RELCTL_TRUSTED_KEYS"]
+    assert trusted.startswith("/etc/relctl/trusted-keys/") and any(
+        v.get("configMap", {}).get("name") == "relctl-trusted-keys" for v in manifest["spec"]["predictor"]["volumes"])
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    _, other = keypair(stranger)
+    refused = subprocess.run(
+        [*dockerfile_exec(templates_dir() / "Dockerfile", "ENTRYPOINT"), *container(manifest)["args"]],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+             **container_env(manifest, {"MLFLOW_TRACKING_URI": f"sqlite:///{registry / '.relctl' / 'mlflow.db'}"},
+                             {"/var/cache/relctl": str(tmp_path), trusted: str(other)}),
+             "PORT": str(free_port()), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "which is not a trusted key" in refused.stderr, refused.stderr[-2000:]
     entrypoint = dockerfile_exec(templates_dir() / "Dockerfile", "ENTRYPOINT")
     secret = {"MLFLOW_TRACKING_URI": f"sqlite:///{registry / '.relctl' / 'mlflow.db'}"}
     cache = tmp_path / "cache"
     cache.mkdir()
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
-           **container_env(manifest, secret, {"/var/cache/relctl": str(cache)}), "PORT": str(port),
+           **container_env(manifest, secret, {"/var/cache/relctl": str(cache), trusted: str(public)}),
+           "PORT": str(port),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
