@@ -57,6 +57,9 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
 @click.option("--trusted-keys", default="relctl-trusted-keys", show_default=True,
               help="ConfigMap holding the release's public key (release.pub): relctl serve and the init "
                    "containers check the package's signature against it before anything loads.")
+@click.option("--modelcar", is_flag=True,
+              help="A version published with --base: KServe's ModelCar mounts its OCI digest (storageUri) and relctl "
+                   "serve verifies those files [default: an init container pulls the digest and verifies it].")
 @click.option("--cache-gib", type=float, default=10.0, show_default=True,
               help="Size of the writable package volume.")
 @click.option("--min-replicas", type=click.IntRange(0), default=1, show_default=True, help="Fewest replicas.")
@@ -76,7 +79,7 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
 def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None, namespace: str | None, secret: str,
                    canary_percent: int | None, cpu: str, memory_gib: float | None, gpus: int | None,
                    gpu_resource: str, node_selector: tuple[str, ...], engine_image: str | None, trusted_keys: str,
-                   cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
+                   modelcar: bool, cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
                    template_path: Path | None, fmt: str, output: Path | None) -> None:
     """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend, the device it was
     built for, its memory plan and its OCI digest decide the manifest): a pinned version, so each new version is
@@ -95,8 +98,9 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
     options = KServeOptions(image=image, name=name, namespace=namespace, secret=secret, mode=cast(Mode, mode),
                             canary_percent=canary_percent, cpu=cpu, memory_gib=memory_gib, gpus=gpus,
                             gpu_resource=gpu_resource, node_selector=_node_selector(node_selector),
-                            engine_image=engine_image, trusted_keys=trusted_keys, cache_gib=cache_gib,
-                            min_replicas=min_replicas, max_replicas=max_replicas, startup_seconds=startup_seconds)
+                            engine_image=engine_image, trusted_keys=trusted_keys, modelcar=modelcar,
+                            cache_gib=cache_gib, min_replicas=min_replicas, max_replicas=max_replicas,
+                            startup_seconds=startup_seconds)
     model, version = parse_version_spec(spec)
     check_options(options)   # before the registry is read: a bad option fails in milliseconds
     template = template_path.read_text() if template_path is not None else None
@@ -116,16 +120,19 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
 @click.argument("spec", metavar="MODEL/VERSION")
 @click.option("--to", "target", required=True, metavar="oci://HOST/REPO[:TAG]",
               help="OCI repository to push to (plain HTTP only for 127.0.0.1/localhost).")
+@click.option("--base", default=None, metavar="oci://HOST/REPO@sha256:DIGEST",
+              help="Base image (one platform, with a shell, e.g. busybox) to layer the package on, so KServe's "
+                   "ModelCar can run it (render kserve --modelcar).")
 @json_option
 @click.pass_obj
 @handled
-def publish_command(ctx: Ctx, spec: str, target: str, as_json: bool) -> None:
+def publish_command(ctx: Ctx, spec: str, target: str, base: str | None, as_json: bool) -> None:
     """Push a released version's package, with its signature, as an OCI artifact (ModelCar layout: files
     under /models), and record its digest on the version (relctl.oci_digest) for `relctl render kserve`."""
     from release.deploy.oci import publish_version
 
     ctx.as_json = as_json
-    data = publish_version(spec, target, ctx.project_dir)
+    data = publish_version(spec, target, ctx.project_dir, base)
     emit(data, as_json, lambda: click.echo(f"{data['model']} v{data['version']}: {data['uri']}"))
 
 

@@ -68,6 +68,7 @@ class KServeOptions:
     node_selector: dict[str, str] | None = field(default=None)   # None: GPU_NODE_LABEL on a GPU manifest
     engine_image: str | None = None            # vLLM: the engine's image (default vllm/vllm-openai, CUDA)
     trusted_keys: str = "relctl-trusted-keys"  # ConfigMap with the release's public key (release.pub)
+    modelcar: bool = False                     # the OCI digest as KServe's storageUri (ModelCar), not a pull
     cache_gib: float = 10.0
     min_replicas: int = 1
     max_replicas: int = 1
@@ -137,6 +138,7 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     vllm = facts.backend == VLLM
     gpus = options.gpus if options.gpus is not None else (1 if facts.provider == "cuda" or vllm else 0)
     _check_device(facts, gpus, options)
+    _check_modelcar(facts, options)
     memory = _memory(facts, options)
     name = options.name or service_name(model)
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > NAME_MAX:
@@ -190,6 +192,8 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     predictor["volumes"][0]["emptyDir"]["sizeLimit"] = _gib(options.cache_gib)
     if vllm:
         _vllm_args(container, facts)
+    elif facts.oci_uri and options.modelcar:
+        _modelcar(container, facts)
     elif facts.oci_uri:
         _pull_from_oci(predictor, container, facts, options)
     if facts.oci_uri:
@@ -229,6 +233,18 @@ def knative_features(manifest: dict[str, Any]) -> list[str]:
 MODES_LABEL = {"Serverless": "KServe Serverless mode", "RawDeployment": "KServe RawDeployment mode"}
 
 
+def _check_modelcar(facts: VersionFacts, options: KServeOptions) -> None:
+    label = f"{facts.model} v{facts.version}"
+    if options.modelcar and not facts.oci_uri:
+        raise InputError(f"--modelcar: {label} has not been published as an OCI artifact",
+                         hint=f"relctl publish {facts.model}/{facts.version} --to oci://HOST/REPO --base "
+                              "oci://HOST/busybox@sha256:... first")
+    if options.modelcar and facts.backend == VLLM:
+        raise InputError(f"--modelcar: {label} is a vLLM package, which relctl verifies in an init container "
+                         "before vLLM starts, and an init container cannot see a ModelCar's files",
+                         hint="leave out --modelcar: the init container pulls the same digest and verifies it")
+
+
 def _check_device(facts: VersionFacts, gpus: int, options: KServeOptions) -> None:
     """A package runs only on the device it was built for: refuse a manifest that would put it elsewhere."""
     label = f"{facts.model} v{facts.version}"
@@ -264,6 +280,25 @@ def _vllm_args(container: dict[str, Any], facts: VersionFacts) -> None:
         if value is not None and flag not in args:
             args += [flag, str(value)]
     container["args"] = args
+
+
+# KServe's ModelCar mounts the image's /models at /mnt/models (a link into the sidecar's filesystem). relctl
+# serve reads a registered version from its cache (serve-cache/MODEL/VERSION under the project's state folder)
+# after checking it against the registry's manifest digest and the release signature; the entrypoint copies
+# the ModelCar's files there first (on the pod's own volume, no network): the signature check refuses a
+# package reached through a link, and a copy is also what stays put if the sidecar restarts. "$1" is the
+# container's MODEL/VERSION argument.
+MODELCAR_ENTRYPOINT = ('cache="${RELCTL_PROJECT_DIR:-/var/cache/relctl}/.relctl/serve-cache/$1" && '
+                       'rm -rf "$cache" && mkdir -p "$cache" && cp -R /mnt/models/. "$cache/" && '
+                       'exec relctl serve --host 0.0.0.0 --port "${PORT:-8080}" '
+                       '--project-dir "${RELCTL_PROJECT_DIR:-/var/cache/relctl}" "$@"')
+
+
+def _modelcar(container: dict[str, Any], facts: VersionFacts) -> None:
+    """The OCI digest as KServe's storageUri: a custom container names it in STORAGE_URI, and KServe runs the
+    image as a ModelCar sidecar whose /models is the container's /mnt/models."""
+    container["env"] = [*container.get("env", []), {"name": "STORAGE_URI", "value": str(facts.oci_uri)}]
+    container["command"] = ["/bin/sh", "-c", MODELCAR_ENTRYPOINT, "relctl-serve"]
 
 
 def _pull_from_oci(predictor: dict[str, Any], container: dict[str, Any], facts: VersionFacts,

@@ -38,6 +38,10 @@ from release.core.package import MANIFEST, verify_package
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"   # the same bytes, Docker's name
+DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+TITLE = "org.opencontainers.image.title"
 MODELS_DIR = "models"     # KServe's ModelCar reads the model from /models of the image
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 _REFERENCE = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+(?::\d+)?|\[::1\](?::\d+)?)/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
@@ -116,21 +120,84 @@ def layer_bytes(package: Path) -> tuple[bytes, str]:
     return gzip.compress(tar_data, mtime=0), _sha256(tar_data)
 
 
-def publish_package(package: Path, target: str, annotations: dict[str, str]) -> str:
-    """Push the verified package folder to `target` (oci://HOST/REPO[:TAG]); the pinned oci://...@sha256 URI."""
+@dataclass(frozen=True)
+class BaseImage:
+    """A base image (with a shell: KServe's ModelCar sidecar runs `sh` from the image) the package is layered on."""
+
+    uri: str
+    layers: list[dict[str, Any]]
+    config: dict[str, Any]
+
+
+def read_base(uri: str) -> BaseImage:
+    """The image manifest and config of `uri` (pinned by digest, one platform), every digest checked."""
+    ref = parse_oci(uri)
+    if not ref.digest:
+        raise InputError(f"--base {uri}: not pinned by digest",
+                         hint="pass oci://HOST/REPO@sha256:... of the base image")
+    client = _client(ref)
+    try:
+        container = _container(client, ref)
+        response = client.do_request(f"{client.prefix}://{container.manifest_url(ref.digest)}", "GET",
+                                     headers={"Accept": ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST_TYPE, *INDEX_TYPES))})
+        _check(response, f"read of {uri}")
+        if _sha256(response.content) != ref.digest:
+            raise InputError(f"--base {uri}: the registry answered a manifest whose sha256 is not the pinned digest",
+                             hint="the registry is serving other bytes for that digest")
+        manifest = json.loads(response.content)
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            raise InputError(f"--base {uri}: an index of platforms, not one image",
+                             hint="pin the linux/amd64 image's own digest (crane digest --platform linux/amd64 IMAGE)")
+        config_digest = manifest["config"]["digest"]
+        blob = client.get_blob(container, config_digest)
+        _check(blob, f"read of {uri}'s config")
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"cannot read the base image {uri}: {exc}", hint="check the registry is up") from exc
+    if _sha256(blob.content) != config_digest:
+        raise InputError(f"--base {uri}: its config does not match its digest", hint="do not build on it")
+    layers = [dict(d, mediaType=LAYER_TYPE if d.get("mediaType") == DOCKER_LAYER_TYPE else d.get("mediaType"))
+              for d in manifest.get("layers", [])]
+    return BaseImage(uri, layers, json.loads(blob.content))
+
+
+def _copy_base_layers(base: BaseImage, client: Any, container: Any, tmp: Path) -> None:
+    """The base image's layers into the target repository (each checked against its digest on the way)."""
+    source = parse_oci(base.uri)
+    source_client = _client(source)
+    source_container = _container(source_client, source)
+    for layer in base.layers:
+        if client.blob_exists(layer, container):
+            continue
+        path = tmp / "base-layer"
+        source_client.download_blob(source_container, layer["digest"], str(path))
+        if "sha256:" + sha256_file(path) != layer["digest"]:
+            raise InputError(f"--base {base.uri}: layer {layer['digest']} does not match its digest",
+                             hint="do not build on it")
+        _check(client.upload_blob(str(path), container, layer), f"copy of the base layer {layer['digest']}")
+
+
+def publish_package(package: Path, target: str, annotations: dict[str, str], base: BaseImage | None = None) -> str:
+    """Push the verified package folder to `target` (oci://HOST/REPO[:TAG]), on `base`'s layers when given; the
+    pinned oci://...@sha256 URI."""
     ref = parse_oci(target)
     if ref.digest:
         raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
                          hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
     layer, diff_id = layer_bytes(package)
-    config = json.dumps({"architecture": "amd64", "os": "linux",
-                         "config": {"Labels": annotations},
-                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}, sort_keys=True).encode()
+    image_config: dict[str, Any] = dict(base.config) if base else {"architecture": "amd64", "os": "linux"}
+    rootfs = dict(image_config.get("rootfs") or {"type": "layers", "diff_ids": []})
+    rootfs["diff_ids"] = [*rootfs.get("diff_ids", []), diff_id]
+    runtime = dict(image_config.get("config") or {})
+    runtime["Labels"] = {**(runtime.get("Labels") or {}), **annotations}
+    history = [*image_config.get("history", []), {"created_by": f"relctl publish (relctl {__version__})",
+                                                  "comment": "the release's package under /models"}]
+    config = json.dumps({**image_config, "rootfs": rootfs, "config": runtime, "history": history},
+                        sort_keys=True).encode()
+    ours = {"mediaType": LAYER_TYPE, "digest": _sha256(layer), "size": len(layer), "annotations": {TITLE: MODELS_DIR}}
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": _sha256(config), "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": _sha256(layer), "size": len(layer),
-                    "annotations": {"org.opencontainers.image.title": MODELS_DIR}}],
+        "layers": [*(base.layers if base else []), ours],
         "annotations": annotations,
     }, sort_keys=True).encode()
     digest = _sha256(manifest)
@@ -138,6 +205,8 @@ def publish_package(package: Path, target: str, annotations: dict[str, str]) -> 
     try:
         container = _container(client, ref)
         with tempfile.TemporaryDirectory(prefix="relctl-oci-") as tmp:
+            if base:
+                _copy_base_layers(base, client, container, Path(tmp))
             for data, media_type in ((config, CONFIG_TYPE), (layer, LAYER_TYPE)):
                 blob = Path(tmp) / "blob"
                 blob.write_bytes(data)
@@ -173,9 +242,12 @@ def pull_artifact(uri: str, dest: Path) -> Path:
             raise InputError(f"{uri}: the registry answered a manifest whose sha256 is not the pinned digest",
                              hint="the registry is serving other bytes than were published; do not deploy them")
         manifest = json.loads(response.content)
-        layers = [d for d in manifest.get("layers", []) if d.get("mediaType") == LAYER_TYPE]
+        # The package's layer: the one named models (a base image's layers below it are not the package).
+        layers = [d for d in manifest.get("layers", []) if d.get("mediaType") == LAYER_TYPE
+                  and (d.get("annotations") or {}).get(TITLE) == MODELS_DIR]
         if len(layers) != 1:
-            raise InputError(f"{uri}: not a relctl package artifact (expected one {LAYER_TYPE} layer)",
+            raise InputError(f"{uri}: not a relctl package artifact (expected one {LAYER_TYPE} layer titled "
+                             f"{MODELS_DIR})",
                              hint="pull an artifact `relctl publish` pushed")
         blob = dest.parent / f".{dest.name}.layer"
         client.download_blob(container, layers[0]["digest"], str(blob))
@@ -203,7 +275,7 @@ def _extract(blob: Path, dest: Path, uri: str) -> None:
         tar.extractall(dest, filter="data")
 
 
-def publish_version(spec: str, target: str, project_dir: Path) -> dict[str, str]:
+def publish_version(spec: str, target: str, project_dir: Path, base: str | None = None) -> dict[str, str]:
     """`relctl publish MODEL/VERSION --to oci://...`: the version's package, fetched and verified (digest
     recorded at release, signature), pushed, and its pinned URI recorded on the version."""
     from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
@@ -220,6 +292,7 @@ def publish_version(spec: str, target: str, project_dir: Path) -> dict[str, str]
     trust = project_trust(project_dir)
     registry = open_registry(project_dir, read_only=True)
     mv = registry.get_version(model, version)
+    base_image = read_base(base) if base else None
     tag = ref.tag or f"v{version}"
     with tempfile.TemporaryDirectory(prefix="relctl-publish-") as tmp:
         package = fetch_package(registry, model, version, Path(tmp), mv, trust=trust)
@@ -228,7 +301,9 @@ def publish_version(spec: str, target: str, project_dir: Path) -> dict[str, str]
                        "relctl.model": model, "relctl.version": version,
                        T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
                        "relctl.published-by": f"relctl {__version__}"}
-        uri = publish_package(package.root, f"oci://{ref.host}/{ref.repo}:{tag}", annotations)
+        if base:
+            annotations["org.opencontainers.image.base.name"] = base
+        uri = publish_package(package.root, f"oci://{ref.host}/{ref.repo}:{tag}", annotations, base_image)
     registry.set_version_tag(model, version, T.OCI_DIGEST, uri)
     return {"model": model, "version": version, "uri": uri, "tag": f"oci://{ref.host}/{ref.repo}:{tag}"}
 

@@ -118,3 +118,17 @@ def test_init_writes_the_vllm_template_when_the_config_names_vllm(tmp_path: Path
     assert written["metadata"]["annotations"]["relctl/backend"] == "vllm"
     # the project's own config is kept: it is what chose vLLM
     assert yaml.safe_load((project / "release.yaml").read_text())["convert"]["backend"] == "vllm"
+
+
+def test_a_vllm_package_is_not_a_modelcar() -> None:
+    """vLLM's package is verified by relctl's init container, which cannot see a ModelCar sidecar's files."""
+    from release.core.errors import InputError
+    from release.deploy.facts import VersionFacts
+    from release.deploy.kserve import KServeOptions, render_kserve
+
+    facts = VersionFacts("tiny-chat", "1", "vllm", "cuda", 2**30, f"oci://r.example/m@sha256:{'a' * 64}", 2048,
+                         "float16")
+    with pytest.raises(InputError, match="init container cannot see a ModelCar"):
+        render_kserve(facts, KServeOptions(image=IMAGE, modelcar=True))
+    pinned = render_kserve(facts, KServeOptions(image=IMAGE))
+    assert init_container(pinned)["command"][init_container(pinned)["command"].index("pull") + 1] == facts.oci_uri

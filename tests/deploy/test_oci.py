@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import socket
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -155,3 +156,88 @@ def test_bad_references_are_exit_2_and_an_unreachable_registry_exit_4_quickly(pr
     down = project.relctl("pull", f"oci://127.0.0.1:{port}/m@sha256:{'a' * 64}", "--to", str(tmp_path / "b"))
     assert down.exit_code == 4 and "cannot reach the OCI registry" in down.stderr.splitlines()[0]
     assert time.monotonic() - started < 30 and not (tmp_path / "b").exists()
+
+
+def push_base_image(oci_registry: OciRegistry) -> str:
+    """A one-layer base image (Docker's v2 manifest, as `docker push` of busybox writes one) in the local registry,
+    through the distribution API itself; its oci://...@sha256 URI."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("bin/sh")
+        body = b"#!placeholder shell\n"
+        info.size, info.mode = len(body), 0o755
+        tar.addfile(info, io.BytesIO(body))
+    layer = gzip.compress(raw.getvalue(), mtime=0)
+    diff_id = "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["sh"]},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                         "history": [{"created_by": "base"}]}).encode()
+    base = f"http://{oci_registry.host}/v2/base/busybox"
+    for blob in (layer, config):
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        session = httpx.post(f"{base}/blobs/uploads/")
+        assert session.status_code == 202
+        location = httpx.URL(f"http://{oci_registry.host}").join(session.headers["Location"])
+        assert httpx.put(location.copy_add_param("digest", digest), content=blob).status_code == 201
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}]}).encode()
+    put = httpx.put(f"{base}/manifests/1", content=manifest,
+                    headers={"Content-Type": "application/vnd.docker.distribution.manifest.v2+json"})
+    assert put.status_code == 201, put.text
+    return f"oci://{oci_registry.host}/base/busybox@sha256:{hashlib.sha256(manifest).hexdigest()}"
+
+
+def test_a_modelcar_on_a_base_image_is_kserves_storage_uri_and_relctl_serve_verifies_it(
+        project: Project, oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as mp:
+        mp.setenv("RELCTL_SIGNING_KEY", str(project.private_key))
+        assert register(project, genai_package(tmp_path, "cpu", "cpu", model="car-llm"), "car-llm", GIB) == "1"
+    base = push_base_image(oci_registry)
+    result = project.relctl("publish", "car-llm/1", "--to", f"oci://{oci_registry.host}/models/car-llm",
+                            "--base", base, "--json")
+    assert result.exit_code == 0, result.output
+    uri = json.loads(result.stdout)["uri"]
+    raw = httpx.get(f"http://{oci_registry.host}/v2/models/car-llm/manifests/{uri.rsplit('@', 1)[1]}",
+                    headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    image = raw.json()
+    # The base image's layer first (under OCI's name for the same bytes), then the package's; the config
+    # extends the base's: its shell is there for KServe's ModelCar sidecar (`sh -c ... sleep`).
+    assert [layer["mediaType"] for layer in image["layers"]] == ["application/vnd.oci.image.layer.v1.tar+gzip"] * 2
+    assert image["layers"][1]["annotations"] == {"org.opencontainers.image.title": "models"}
+    config = httpx.get(f"http://{oci_registry.host}/v2/models/car-llm/blobs/{image['config']['digest']}").json()
+    assert len(config["rootfs"]["diff_ids"]) == 2 and config["config"]["Cmd"] == ["sh"]
+    assert image["annotations"]["org.opencontainers.image.base.name"] == base
+    monkeypatch.setenv("RELCTL_TRUSTED_KEYS", str(project.public_key))
+    pulled = project.relctl("pull", uri, "--to", str(tmp_path / "pulled"), "--model", "car-llm")
+    assert pulled.exit_code == 0, pulled.output
+    assert not (tmp_path / "pulled" / "bin").exists() and (tmp_path / "pulled" / MANIFEST).is_file()
+
+    manifest = rendered(project, "car-llm/1", "--image", IMAGE, "--modelcar")
+    assert schema_problems(manifest, tmp_path) == []
+    c = container(manifest)
+    assert {"name": "STORAGE_URI", "value": uri} in c["env"] and "initContainers" not in manifest["spec"]["predictor"]
+    assert c["args"] == ["car-llm/1"] and c["command"][:2] == ["/bin/sh", "-c"]
+    # The container's command with the ModelCar's /mnt/models standing for the pulled files, up to relctl serve;
+    # then serve's own resolver takes the version from its cache, checked against the registry's manifest
+    # digest and the signature, without a download from the registry's artifact store.
+    state = tmp_path / "state"
+    state.mkdir()
+    script = c["command"][2].replace("/mnt/models", str(tmp_path / "pulled")).replace("exec relctl serve", "exit 0;")
+    done = subprocess.run(["/bin/sh", "-c", script, "relctl-serve", *c["args"]], env={"RELCTL_PROJECT_DIR": str(state),
+                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    from release.serving.source import resolve_package
+
+    copied = state / ".relctl" / "serve-cache" / "car-llm" / "1" / MANIFEST
+    inode = copied.stat().st_ino   # a download would replace the folder (and this file) whole
+    served = resolve_package("car-llm/1", state, {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project.root / '.relctl' / 'mlflow.db'}",
+        "RELCTL_TRUSTED_KEYS": str(project.public_key)})
+    assert (served.identity.name, served.identity.version) == ("car-llm", "1")
+    assert served.manifest.root == copied.parent and copied.stat().st_ino == inode
+    not_published = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--modelcar")
+    assert not_published.exit_code == 2 and "has not been published" in not_published.stderr.splitlines()[0]
