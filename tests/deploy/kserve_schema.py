@@ -41,9 +41,12 @@ class Validator:
         self.problems: list[str] = []
 
     def model(self, name: str) -> Any:
-        for namespace in self.namespaces:
-            if hasattr(namespace, name):
-                return getattr(namespace, name)
+        # The SDK names some Kubernetes types by their Go package (K8sIoApiAppsV1DeploymentStrategy for
+        # RawDeployment's deploymentStrategy): the kubernetes client calls it V1DeploymentStrategy.
+        for candidate in (name, re.sub(r"^K8sIoApi[A-Z][a-z]+(?=V\d)", "", name)):
+            for namespace in self.namespaces:
+                if hasattr(namespace, candidate):
+                    return getattr(namespace, candidate)
         raise KeyError(f"unknown type {name}")
 
     def check(self, value: Any, kind: str, where: str) -> None:
@@ -81,7 +84,7 @@ class Validator:
             try:
                 cls.model_validate(value)
             except Exception as exc:  # every validation failure is a finding
-                self.problems.append(f"{where}: {cls.__name__}: {' '.join(str(exc).split())[:300]}")
+                self.problems.append(f"{where}: {cls.__name__}: {' '.join(str(exc).split())[:1500]}")
             return
         by_json = {json_key: attr for attr, json_key in cls.attribute_map.items()}
         for key, item in value.items():

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from click.testing import CliRunner, Result
 
 from release.cli import cli
 from release.core.templates import templates_dir
-from release.deploy.kserve import KServeOptions, render_kserve, service_name
+from release.deploy.facts import VersionFacts
+from release.deploy.kserve import MODE_ANNOTATION, KServeOptions, render_kserve, service_name
+from tests.deploy.conftest import GIB, Project, free_port, keypair
 
 REPO = Path(__file__).resolve().parents[2]
 SDK = REPO / ".relctl-tools" / "kserve-sdk"
@@ -44,8 +47,8 @@ def schema_problems(manifest: dict[str, Any], tmp_path: Path) -> list[str]:
     return problems
 
 
-def rendered(*args: str) -> dict[str, Any]:
-    result = relctl("render", "kserve", *args)
+def rendered(project: Project, *args: str) -> dict[str, Any]:
+    result = project.relctl("render", "kserve", *args)
     assert result.exit_code == 0, result.output
     manifest: dict[str, Any] = yaml.safe_load(result.stdout)
     return manifest
@@ -56,61 +59,126 @@ def container(manifest: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def test_rendered_manifest_validates_against_the_inferenceservice_schema(tmp_path: Path) -> None:
-    plain = rendered("tiny-llm/3", "--image", IMAGE)
-    gpu = rendered("models:/tiny-llm/4", "--image", IMAGE, "--gpus", "1", "--memory-gib", "6.5", "--cpu", "4",
+def test_rendered_manifest_validates_against_the_inferenceservice_schema(project: Project, tmp_path: Path) -> None:
+    plain = rendered(project, "tiny-llm/1", "--image", IMAGE)
+    gpu = rendered(project, "models:/tiny-llm/2", "--image", IMAGE, "--memory-gib", "6.5", "--cpu", "4",
                    "--canary-percent", "10", "--namespace", "ml", "--max-replicas", "3")
+    raw = rendered(project, "tiny-llm/2", "--image", IMAGE, "--mode", "raw")
     assert plain["apiVersion"] == "serving.kserve.io/v1beta1" and plain["kind"] == "InferenceService"
-    assert schema_problems(plain, tmp_path) == []
-    assert schema_problems(gpu, tmp_path) == []
+    for manifest in (plain, gpu, raw):
+        assert schema_problems(manifest, tmp_path) == []
 
 
-def test_the_schema_check_catches_mistakes(tmp_path: Path) -> None:
-    manifest = rendered("tiny-llm/3", "--image", IMAGE)
+def test_the_schema_check_catches_mistakes(project: Project, tmp_path: Path) -> None:
+    manifest = rendered(project, "tiny-llm/1", "--image", IMAGE)
     manifest["spec"]["predictor"]["canaryTrafficPercnt"] = 10
     container(manifest)["imagePullPolicyy"] = "Always"
     container(manifest)["ports"][0]["containerPort"] = [8080]
+    container(manifest)["startupProbe"]["failureThreshhold"] = 30
     problems = " ".join(schema_problems(manifest, tmp_path))
     assert "canaryTrafficPercnt" in problems and "imagePullPolicyy" in problems and "containerPort" in problems
+    assert "failureThreshhold" in problems
 
 
-def test_a_version_is_pinned_and_a_new_one_is_a_new_revision_of_the_same_service() -> None:
-    v3 = rendered("tiny-llm/3", "--image", IMAGE)
-    v4 = rendered("tiny-llm/4", "--image", IMAGE, "--canary-percent", "10")
-    assert container(v3)["args"] == ["tiny-llm/3"] and container(v4)["args"] == ["tiny-llm/4"]
-    assert v3["metadata"]["name"] == v4["metadata"]["name"] == "tiny-llm"
-    assert v4["metadata"]["annotations"]["relctl/version"] == "4"
-    assert v4["spec"]["predictor"]["canaryTrafficPercent"] == 10
-    assert "canaryTrafficPercent" not in v3["spec"]["predictor"]
-    assert "@" not in json.dumps(container(v3)["args"])
+def test_a_version_is_pinned_and_a_new_one_is_a_new_revision_of_the_same_service(project: Project) -> None:
+    v1 = rendered(project, "tiny-llm/1", "--image", IMAGE)
+    v3 = rendered(project, "tiny-llm/3", "--image", IMAGE, "--canary-percent", "10", "--memory-gib", "4")
+    assert container(v1)["args"] == ["tiny-llm/1"] and container(v3)["args"] == ["tiny-llm/3"]
+    assert v1["metadata"]["name"] == v3["metadata"]["name"] == "tiny-llm"
+    assert v3["metadata"]["annotations"]["relctl/version"] == "3"
+    assert v3["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert "canaryTrafficPercent" not in v1["spec"]["predictor"]
+    assert "@" not in json.dumps(container(v1)["args"])
 
 
-def test_resources_credentials_metrics_cache_and_probes() -> None:
-    manifest = rendered("tiny-llm/3", "--image", IMAGE, "--gpus", "2", "--memory-gib", "6.5", "--cpu", "500m",
-                        "--cache-gib", "20", "--secret", "mlflow-creds")
-    c = container(manifest)
-    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "6656Mi", "nvidia.com/gpu": "2"},
-                              "limits": {"memory": "6656Mi", "nvidia.com/gpu": "2"}}
-    env = {e["name"]: e for e in c["env"]}
-    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                "RELCTL_API_KEY"):
-        assert env[key]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-creds" and "value" not in env[key]
-    assert env["MLFLOW_TRACKING_URI"]["valueFrom"]["secretKeyRef"].get("optional") is not True
-    predictor = manifest["spec"]["predictor"]
-    port = c["ports"][0]["containerPort"]
-    assert predictor["annotations"]["prometheus.io/scrape"] == "true"
-    assert predictor["annotations"]["prometheus.io/port"] == str(port)
-    assert manifest["metadata"]["annotations"]["serving.kserve.io/enable-prometheus-scraping"] == "true"
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/health", "port": port}
-    mount = c["volumeMounts"][0]
-    volume = next(v for v in predictor["volumes"] if v["name"] == mount["name"])
-    assert volume["emptyDir"] == {"sizeLimit": "20Gi"} and env["RELCTL_PROJECT_DIR"]["value"] == mount["mountPath"]
+def test_a_version_that_does_not_exist_exits_2_with_one_line_and_writes_nothing(project: Project,
+                                                                                tmp_path: Path) -> None:
+    out = tmp_path / "isvc.yaml"
+    result = project.relctl("render", "kserve", "tiny-llm/99", "--image", IMAGE, "-o", str(out))
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0] == "error: tiny-llm v99 not found" and lines[1].startswith("hint: ")
+    assert result.stdout == "" and list(tmp_path.iterdir()) == []
+    missing_model = project.relctl("render", "kserve", "no-such-model/1", "--image", IMAGE)
+    assert missing_model.exit_code == 2 and missing_model.stdout == ""
+
+
+def test_memory_is_the_versions_memory_plan_plus_the_serving_process(project: Project) -> None:
+    """tiny-llm v1's plan is 3 GiB per replica; relctl serve's process adds 1 GiB (PROCESS_OVERHEAD_BYTES)."""
+    planned = container(rendered(project, "tiny-llm/1", "--image", IMAGE))["resources"]
+    assert planned == {"requests": {"cpu": "1", "memory": f"{4 * 1024}Mi"}, "limits": {"memory": f"{4 * 1024}Mi"}}
+    chat = container(rendered(project, "tiny-chat/1", "--image", IMAGE))["resources"]
+    assert chat["limits"]["memory"] == f"{(20 + 4) * 1024}Mi"   # vLLM's process: 4 GiB on top of its plan
+    given = container(rendered(project, "tiny-llm/1", "--image", IMAGE, "--memory-gib", "6.5"))["resources"]
+    assert given["limits"]["memory"] == "6656Mi"
+    no_plan = project.relctl("render", "kserve", "tiny-llm/3", "--image", IMAGE)
+    assert no_plan.exit_code == 2 and "no memory plan recorded" in no_plan.stderr.splitlines()[0]
+
+
+def test_the_manifest_names_its_deployment_mode(project: Project) -> None:
+    serverless = rendered(project, "tiny-llm/1", "--image", IMAGE, "--canary-percent", "20")
+    assert serverless["metadata"]["annotations"][MODE_ANNOTATION] == "Serverless"
+    assert serverless["spec"]["predictor"]["canaryTrafficPercent"] == 20
+    assert "deploymentStrategy" not in serverless["spec"]["predictor"]
+    raw = rendered(project, "tiny-llm/1", "--image", IMAGE, "--mode", "raw")
+    assert raw["metadata"]["annotations"][MODE_ANNOTATION] == "RawDeployment"
+    assert "canaryTrafficPercent" not in raw["spec"]["predictor"]
+    assert raw["spec"]["predictor"]["deploymentStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    split = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--mode", "raw",
+                           "--canary-percent", "10")
+    assert split.exit_code == 2 and "RawDeployment mode has no traffic split" in split.stderr.splitlines()[0]
+
+
+def test_a_startup_probe_covers_loading_and_liveness_has_no_fixed_delay(project: Project) -> None:
+    c = container(rendered(project, "tiny-llm/1", "--image", IMAGE, "--startup-seconds", "900"))
+    startup = c["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": 8080}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 900
+    assert "initialDelaySeconds" not in c["livenessProbe"] and "initialDelaySeconds" not in startup
+    for name in ("kserve-inferenceservice.yaml", "kserve-vllm-inferenceservice.yaml"):
+        assert "initialDelaySeconds" not in (templates_dir() / name).read_text()
+
+
+def test_a_cuda_build_is_scheduled_on_gpu_nodes(project: Project) -> None:
+    manifest = rendered(project, "tiny-llm/2", "--image", IMAGE)   # built for CUDA: one GPU by default
+    predictor, c = manifest["spec"]["predictor"], container(manifest)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert predictor["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert predictor["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    chosen = rendered(project, "tiny-llm/2", "--image", IMAGE, "--gpus", "2",
+                      "--node-selector", "cloud.google.com/gke-accelerator=nvidia-h100-80gb")
+    assert chosen["spec"]["predictor"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+    assert container(chosen)["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    cpu = rendered(project, "tiny-llm/1", "--image", IMAGE)
+    assert "nodeSelector" not in cpu["spec"]["predictor"] and "tolerations" not in cpu["spec"]["predictor"]
+    assert "nvidia.com/gpu" not in json.dumps(container(cpu)["resources"])
+
+
+def test_a_serverless_manifest_names_the_knative_features_it_needs(project: Project) -> None:
+    gpu = project.relctl("render", "kserve", "tiny-llm/2", "--image", IMAGE)
+    assert gpu.exit_code == 0, gpu.output
+    needs = [line for line in gpu.stdout.splitlines() if line.startswith("# Knative rejects this spec")]
+    assert needs and needs[0].endswith("kubernetes.podspec-nodeselector, kubernetes.podspec-tolerations")
+    chat = project.relctl("render", "kserve", "tiny-chat/1", "--image", IMAGE)
+    assert "kubernetes.podspec-init-containers" in chat.stdout.splitlines()[1]
+    for quiet in (("tiny-llm/1",), ("tiny-llm/2", "--mode", "raw")):
+        result = project.relctl("render", "kserve", *quiet, "--image", IMAGE)
+        assert result.exit_code == 0 and "# Knative" not in result.stdout
+
+
+def test_a_package_is_not_rendered_for_a_device_it_was_not_built_for(project: Project) -> None:
+    on_gpu = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--gpus", "1")
+    assert on_gpu.exit_code == 2 and on_gpu.stdout == ""
+    lines = on_gpu.stderr.strip().splitlines()
+    assert len(lines) == 2 and "tiny-llm v1 was built for CPU" in lines[0] and lines[1].startswith("hint: ")
+    on_cpu = project.relctl("render", "kserve", "tiny-llm/2", "--image", IMAGE, "--gpus", "0")
+    assert on_cpu.exit_code == 2 and "built for CUDA" in on_cpu.stderr.splitlines()[0]
 
 
 def test_names_are_dns_labels_and_model_names_cannot_change_the_structure() -> None:
     assert service_name("Shop_LLM.v2") == "shop-llm-v2" and service_name("7b") == "m-7b"
-    odd = render_kserve("a: b\n- c/5", KServeOptions(image=IMAGE))
+    odd = render_kserve(VersionFacts("a: b\n- c", "5", per_replica_bytes=GIB), KServeOptions(image=IMAGE))
     assert container(odd)["args"] == ["a: b\n- c/5"] and odd["metadata"]["name"] == "a-b-c"
 
 
@@ -118,11 +186,12 @@ def test_names_are_dns_labels_and_model_names_cannot_change_the_structure() -> N
     (("tiny-llm@production",), "not a pinned version"),
     (("tiny-llm",), "expected MODEL/VERSION"),
     (("tiny-llm/latest",), "expected MODEL/VERSION"),
-    (("tiny-llm/3", "--memory-gib", "0"), "--memory-gib 0"),
-    (("tiny-llm/3", "--name", "Bad_Name"), "--name Bad_Name"),
+    (("tiny-llm/1", "--memory-gib", "0"), "--memory-gib 0"),
+    (("tiny-llm/1", "--name", "Bad_Name"), "--name Bad_Name"),
+    (("tiny-llm/1", "--node-selector", "no-equals"), "--node-selector no-equals"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], message: str) -> None:
-    result = relctl("render", "kserve", *args, "--image", IMAGE)
+def test_bad_input_is_one_line_and_exit_2(project: Project, args: tuple[str, ...], message: str) -> None:
+    result = project.relctl("render", "kserve", *args, "--image", IMAGE)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 2 and message in lines[0] and lines[1].startswith("hint: ")
@@ -137,10 +206,33 @@ def dockerfile_exec(path: Path, instruction: str) -> list[str]:
     return value
 
 
-def test_cuda_image_runs_the_same_entrypoint() -> None:
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """The ARG defaults of a Dockerfile."""
+    found = re.findall(r"^ARG (\w+)=(\S+)$", path.read_text(), flags=re.MULTILINE)
+    return dict(found)
+
+
+def test_cuda_image_runs_the_same_entrypoint_on_python_311_with_pinned_cuda_builds() -> None:
+    """Same entrypoint and Python as the CPU image; onnxruntime-genai-cuda pinned to the onnxruntime-genai
+    version relctl's own environment runs (the build also refuses to finish if relctl resolved another)."""
     cpu, cuda = templates_dir() / "Dockerfile", templates_dir() / "Dockerfile.cuda"
     assert dockerfile_exec(cpu, "ENTRYPOINT") == dockerfile_exec(cuda, "ENTRYPOINT")
-    assert "onnxruntime-gpu" in cuda.read_text() and "onnxruntime-genai-cuda" in cuda.read_text()
+    base = re.findall(r"^FROM (\S+)", cuda.read_text(), flags=re.MULTILINE)
+    assert base == re.findall(r"^FROM (\S+)", cpu.read_text(), flags=re.MULTILINE) == ["python:3.11-slim-bookworm"]
+    args = dockerfile_args(cuda)
+    assert args["ORT_GENAI_VERSION"] == version("onnxruntime-genai")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["ORT_GPU_VERSION"])
+    text = cuda.read_text()
+    assert '"onnxruntime-genai-cuda==${ORT_GENAI_VERSION}"' in text
+    assert '"onnxruntime-gpu[cuda,cudnn]==${ORT_GPU_VERSION}"' in text
+    # The check the build runs: relctl's resolved onnxruntime-genai must be the pinned one.
+    check = re.search(r"^RUN (python -c .*ORT_GENAI_VERSION.*)$", text, flags=re.MULTILINE)
+    assert check is not None
+    for pinned, expect in ((version("onnxruntime-genai"), 0), ("0.0.1", 1)):
+        done = subprocess.run(["sh", "-c", check.group(1)], env={**os.environ, "ORT_GENAI_VERSION": pinned,
+                              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == expect, done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -160,13 +252,6 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "package"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def container_env(manifest: dict[str, Any], secret: dict[str, str], paths: dict[str, str]) -> dict[str, str]:
     """The container's environment as the kubelet builds it from the manifest: literal values, and
     secretKeyRef values from `secret` (an optional key that is absent sets nothing). `paths` maps the
@@ -184,22 +269,43 @@ def container_env(manifest: dict[str, Any], secret: dict[str, str], paths: dict[
     return env
 
 
-def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Path) -> None:
+def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """ENTRYPOINT + the manifest's args and env, joined as the container runtime does; PORT as Knative sets
-    it. The Secret names a registry (here an SQLite store holding the registered package); the image's
-    cache path is swapped for a writable folder."""
+    it. The Secret names a registry (here an SQLite store holding the registered, signed package); the
+    image's cache path is swapped for a writable folder and the trusted-key ConfigMap's file for the
+    release's public key. A second start that trusts another key refuses to serve."""
     registry = tmp_path / "registry"
     registry.mkdir()
-    registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm", "--json")
+    private, public = keypair(tmp_path)
+    with monkeypatch.context() as mp:
+        mp.setenv("RELCTL_SIGNING_KEY", str(private))
+        registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm",
+                            "--json")
     assert registered.exit_code == 0, registered.output
-    manifest = rendered("tiny-llm/1", "--image", IMAGE)
+    manifest = rendered(Project(registry, Path(), Path()), "tiny-llm/1", "--image", IMAGE, "--memory-gib", "4")
+    trusted = {e["name"]: e.get("value") for e in container(manifest)["env"]}["RELCTL_TRUSTED_KEYS"]
+    assert trusted.startswith("/etc/relctl/trusted-keys/") and any(
+        v.get("configMap", {}).get("name") == "relctl-trusted-keys" for v in manifest["spec"]["predictor"]["volumes"])
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    _, other = keypair(stranger)
+    refused = subprocess.run(
+        [*dockerfile_exec(templates_dir() / "Dockerfile", "ENTRYPOINT"), *container(manifest)["args"]],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+             **container_env(manifest, {"MLFLOW_TRACKING_URI": f"sqlite:///{registry / '.relctl' / 'mlflow.db'}"},
+                             {"/var/cache/relctl": str(tmp_path), trusted: str(other)}),
+             "PORT": str(free_port()), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "which is not a trusted key" in refused.stderr, refused.stderr[-2000:]
     entrypoint = dockerfile_exec(templates_dir() / "Dockerfile", "ENTRYPOINT")
     secret = {"MLFLOW_TRACKING_URI": f"sqlite:///{registry / '.relctl' / 'mlflow.db'}"}
     cache = tmp_path / "cache"
     cache.mkdir()
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
-           **container_env(manifest, secret, {"/var/cache/relctl": str(cache)}), "PORT": str(port),
+           **container_env(manifest, secret, {"/var/cache/relctl": str(cache), trusted: str(public)}),
+           "PORT": str(port),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -227,16 +333,16 @@ def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Pat
         proc.wait(timeout=40)
 
 
-def test_your_own_copy_of_the_template_is_used(tmp_path: Path) -> None:
+def test_your_own_copy_of_the_template_is_used(project: Project, tmp_path: Path) -> None:
     """`relctl init` writes deploy/kserve-inferenceservice.yaml; an edited copy renders with --template."""
     assert relctl("init", str(tmp_path)).exit_code == 0
     copy = tmp_path / "deploy" / "kserve-inferenceservice.yaml"
     data = yaml.safe_load(copy.read_text())
     data["metadata"]["labels"]["team"] = "search"
     copy.write_text(yaml.safe_dump(data))
-    manifest = rendered("tiny-llm/3", "--image", IMAGE, "--template", str(copy))
-    assert manifest["metadata"]["labels"]["team"] == "search" and container(manifest)["args"] == ["tiny-llm/3"]
+    manifest = rendered(project, "tiny-llm/1", "--image", IMAGE, "--template", str(copy))
+    assert manifest["metadata"]["labels"]["team"] == "search" and container(manifest)["args"] == ["tiny-llm/1"]
     assert schema_problems(manifest, tmp_path) == []
     copy.write_text("kind: InferenceService\nspec: {}\n")
-    broken = relctl("render", "kserve", "tiny-llm/3", "--image", IMAGE, "--template", str(copy))
+    broken = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--template", str(copy))
     assert broken.exit_code == 2 and broken.stderr.startswith("error: KServe template: ")

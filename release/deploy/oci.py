@@ -1,0 +1,349 @@
+"""A released package as an OCI artifact, pinned by digest: `relctl publish` pushes it, `relctl pull` fetches
+and verifies it (what a KServe init container runs before a server starts).
+
+The artifact is an OCI image in KServe's ModelCar layout: one gzip'd tar layer whose files are under
+`/models` (the package folder: model/, source/, relctl-package.json and its signature and provenance), and
+an image config naming that layer, so registries, `oras` and container tooling take it as an image. The tar
+is deterministic (sorted names, mtime 0, root-owned, 0644): republishing the same package gives the same
+digest. The push goes through oras-py (PyPI `oras`, OCI distribution spec, registry token auth from the
+Docker config); the manifest bytes are relctl's own, so the digest recorded on the version
+(`relctl.oci_digest`, as `oci://HOST/REPO@sha256:...`) is known before the registry answers, and checked
+against the digest the registry reports.
+
+A pull is by digest only (a tag can be moved): the manifest's sha256 must be the pinned digest, each blob's
+sha256 its descriptor's, the tar may hold only plain files and folders under models/, and the package must
+then pass `verify_package` and its signature check against the trusted keys. Plain HTTP is used for a
+registry on the loopback address only (a test or a port-forward); anything else is HTTPS.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from release import __version__
+from release.core.errors import InputError, RegistryError
+from release.core.hashing import sha256_file
+from release.core.package import MANIFEST, verify_package
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+DOCKER_LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"   # the same bytes, Docker's name
+DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+TITLE = "org.opencontainers.image.title"
+MODELS_DIR = "models"     # KServe's ModelCar reads the model from /models of the image
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+_REFERENCE = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+(?::\d+)?|\[::1\](?::\d+)?)/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
+                        r"(?:(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))|(?:@(?P<digest>sha256:[0-9a-f]{64})))?$")
+
+
+@dataclass(frozen=True)
+class OciRef:
+    host: str
+    repo: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def pinned(self) -> str:
+        return f"oci://{self.host}/{self.repo}@{self.digest}"
+
+
+def parse_oci(uri: str) -> OciRef:
+    """oci://HOST[:PORT]/REPO[:TAG|@sha256:HEX]; InputError naming the form otherwise."""
+    match = _REFERENCE.match(uri)
+    if not match:
+        raise InputError(f"{uri}: not an OCI reference", hint="e.g. oci://registry.example.com/models/tiny-llm or "
+                                                              "oci://HOST/REPO@sha256:<64 hex>")
+    return OciRef(match["host"], match["repo"], match["tag"], match["digest"])
+
+
+def _insecure(ref: OciRef) -> bool:
+    host = ref.host.rsplit(":", 1)[0] if not ref.host.startswith("[") else ref.host.split("]")[0] + "]"
+    return host in LOOPBACK
+
+
+def _client(ref: OciRef) -> Any:
+    """An oras client for the registry, once it answered: oras retries a refused connection for over two
+    minutes (right for a blip, not for a wrong host), so one plain request first fails fast, exit 4."""
+    import httpx  # noqa: PLC0415
+    import oras.client  # noqa: PLC0415 - only publish and pull need it
+
+    base = f"{'http' if _insecure(ref) else 'https'}://{ref.host}/v2/"
+    try:
+        httpx.get(base, timeout=10)   # 200, or 401 asking for a token: either way a registry is there
+    except httpx.HTTPError as exc:
+        raise RegistryError(f"cannot reach the OCI registry {ref.host}: {exc}",
+                            hint="check the host and port, and that the registry is up") from exc
+    return oras.client.OrasClient(hostname=ref.host, insecure=_insecure(ref))
+
+
+def _container(client: Any, ref: OciRef) -> Any:
+    container = client.get_container(f"{ref.host}/{ref.repo}")
+    client.auth.load_configs(container)   # credentials from the Docker config, when it has some
+    return container
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def layer_bytes(package: Path) -> tuple[bytes, str]:
+    """(gzip'd tar, diff id: sha256 of the tar) of `package` under models/, the same bytes for the same files."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        entries = sorted(p for p in package.rglob("*"))
+        for path in [package, *entries]:
+            rel = path.relative_to(package).as_posix()
+            name = MODELS_DIR if rel == "." else f"{MODELS_DIR}/{rel}"
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = path.stat().st_size, 0o644
+                with path.open("rb") as fh:
+                    tar.addfile(info, fh)
+    tar_data = raw.getvalue()
+    return gzip.compress(tar_data, mtime=0), _sha256(tar_data)
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """A base image (with a shell: KServe's ModelCar sidecar runs `sh` from the image) the package is layered on."""
+
+    uri: str
+    layers: list[dict[str, Any]]
+    config: dict[str, Any]
+
+
+def read_base(uri: str) -> BaseImage:
+    """The image manifest and config of `uri` (pinned by digest, one platform), every digest checked."""
+    ref = parse_oci(uri)
+    if not ref.digest:
+        raise InputError(f"--base {uri}: not pinned by digest",
+                         hint="pass oci://HOST/REPO@sha256:... of the base image")
+    client = _client(ref)
+    try:
+        container = _container(client, ref)
+        response = client.do_request(f"{client.prefix}://{container.manifest_url(ref.digest)}", "GET",
+                                     headers={"Accept": ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST_TYPE, *INDEX_TYPES))})
+        _check(response, f"read of {uri}")
+        if _sha256(response.content) != ref.digest:
+            raise InputError(f"--base {uri}: the registry answered a manifest whose sha256 is not the pinned digest",
+                             hint="the registry is serving other bytes for that digest")
+        manifest = json.loads(response.content)
+        if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+            raise InputError(f"--base {uri}: an index of platforms, not one image",
+                             hint="pin the linux/amd64 image's own digest (crane digest --platform linux/amd64 IMAGE)")
+        config_digest = manifest["config"]["digest"]
+        blob = client.get_blob(container, config_digest)
+        _check(blob, f"read of {uri}'s config")
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"cannot read the base image {uri}: {exc}", hint="check the registry is up") from exc
+    if _sha256(blob.content) != config_digest:
+        raise InputError(f"--base {uri}: its config does not match its digest", hint="do not build on it")
+    layers = [dict(d, mediaType=LAYER_TYPE if d.get("mediaType") == DOCKER_LAYER_TYPE else d.get("mediaType"))
+              for d in manifest.get("layers", [])]
+    return BaseImage(uri, layers, json.loads(blob.content))
+
+
+def _copy_base_layers(base: BaseImage, client: Any, container: Any, tmp: Path) -> None:
+    """The base image's layers into the target repository (each checked against its digest on the way)."""
+    source = parse_oci(base.uri)
+    source_client = _client(source)
+    source_container = _container(source_client, source)
+    for layer in base.layers:
+        if client.blob_exists(layer, container):
+            continue
+        path = tmp / "base-layer"
+        source_client.download_blob(source_container, layer["digest"], str(path))
+        if "sha256:" + sha256_file(path) != layer["digest"]:
+            raise InputError(f"--base {base.uri}: layer {layer['digest']} does not match its digest",
+                             hint="do not build on it")
+        _check(client.upload_blob(str(path), container, layer), f"copy of the base layer {layer['digest']}")
+
+
+def publish_package(package: Path, target: str, annotations: dict[str, str], base: BaseImage | None = None) -> str:
+    """Push the verified package folder to `target` (oci://HOST/REPO[:TAG]), on `base`'s layers when given; the
+    pinned oci://...@sha256 URI."""
+    ref = parse_oci(target)
+    if ref.digest:
+        raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
+                         hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
+    layer, diff_id = layer_bytes(package)
+    image_config: dict[str, Any] = dict(base.config) if base else {"architecture": "amd64", "os": "linux"}
+    rootfs = dict(image_config.get("rootfs") or {"type": "layers", "diff_ids": []})
+    rootfs["diff_ids"] = [*rootfs.get("diff_ids", []), diff_id]
+    runtime = dict(image_config.get("config") or {})
+    runtime["Labels"] = {**(runtime.get("Labels") or {}), **annotations}
+    history = [*image_config.get("history", []), {"created_by": f"relctl publish (relctl {__version__})",
+                                                  "comment": "the release's package under /models"}]
+    config = json.dumps({**image_config, "rootfs": rootfs, "config": runtime, "history": history},
+                        sort_keys=True).encode()
+    ours = {"mediaType": LAYER_TYPE, "digest": _sha256(layer), "size": len(layer), "annotations": {TITLE: MODELS_DIR}}
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "digest": _sha256(config), "size": len(config)},
+        "layers": [*(base.layers if base else []), ours],
+        "annotations": annotations,
+    }, sort_keys=True).encode()
+    digest = _sha256(manifest)
+    client = _client(ref)
+    try:
+        container = _container(client, ref)
+        with tempfile.TemporaryDirectory(prefix="relctl-oci-") as tmp:
+            if base:
+                _copy_base_layers(base, client, container, Path(tmp))
+            for data, media_type in ((config, CONFIG_TYPE), (layer, LAYER_TYPE)):
+                blob = Path(tmp) / "blob"
+                blob.write_bytes(data)
+                response = client.upload_blob(str(blob), container,
+                                              {"mediaType": media_type, "digest": _sha256(data), "size": len(data)})
+                _check(response, f"upload of a {len(data)}-byte blob to {target}")
+        url = f"{client.prefix}://{container.manifest_url(ref.tag or digest)}"
+        response = client.do_request(url, "PUT", data=manifest, headers={"Content-Type": MANIFEST_TYPE})
+        _check(response, f"push of the manifest to {target}")
+    except (OSError, ValueError) as exc:   # requests' errors are OSErrors; oras raises ValueError on auth
+        raise RegistryError(f"cannot push to {target}: {exc}",
+                            hint="check the registry is up and that you may push to it (docker login)") from exc
+    answered = response.headers.get("Docker-Content-Digest")
+    if answered and answered != digest:
+        raise RegistryError(f"{target}: the registry stored the manifest as {answered}, not {digest}",
+                            hint="the registry rewrote the manifest; use one that stores OCI manifests as pushed")
+    return OciRef(ref.host, ref.repo, digest=digest).pinned
+
+
+def pull_artifact(uri: str, dest: Path) -> Path:
+    """Download oci://HOST/REPO@sha256:... into `dest` (a new folder), every digest checked; the package folder."""
+    ref = parse_oci(uri)
+    if not ref.digest:
+        raise InputError(f"{uri}: not pinned by digest (a tag can be moved to other bytes)",
+                         hint="pass oci://HOST/REPO@sha256:...; `relctl publish` prints it")
+    client = _client(ref)
+    try:
+        container = _container(client, ref)
+        url = f"{client.prefix}://{container.manifest_url(ref.digest)}"
+        response = client.do_request(url, "GET", headers={"Accept": MANIFEST_TYPE})
+        _check(response, f"read of {uri}")
+        if _sha256(response.content) != ref.digest:
+            raise InputError(f"{uri}: the registry answered a manifest whose sha256 is not the pinned digest",
+                             hint="the registry is serving other bytes than were published; do not deploy them")
+        manifest = json.loads(response.content)
+        # The package's layer: the one named models (a base image's layers below it are not the package).
+        layers = [d for d in manifest.get("layers", []) if d.get("mediaType") == LAYER_TYPE
+                  and (d.get("annotations") or {}).get(TITLE) == MODELS_DIR]
+        if len(layers) != 1:
+            raise InputError(f"{uri}: not a relctl package artifact (expected one {LAYER_TYPE} layer titled "
+                             f"{MODELS_DIR})",
+                             hint="pull an artifact `relctl publish` pushed")
+        blob = dest.parent / f".{dest.name}.layer"
+        client.download_blob(container, layers[0]["digest"], str(blob))
+    except (OSError, ValueError) as exc:
+        raise RegistryError(f"cannot pull {uri}: {exc}", hint="check the registry is up and reachable") from exc
+    try:
+        if "sha256:" + sha256_file(blob) != layers[0]["digest"]:
+            raise InputError(f"{uri}: its layer does not match its digest",
+                             hint="the registry is serving other bytes than were published; do not deploy them")
+        _extract(blob, dest, uri)
+    finally:
+        blob.unlink(missing_ok=True)
+    return dest / MODELS_DIR
+
+
+def _extract(blob: Path, dest: Path, uri: str) -> None:
+    """Plain files and folders under models/ only: no links, devices, absolute paths or `..`."""
+    with tarfile.open(blob, mode="r:gz") as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if (member.name.startswith("/") or ".." in parts or not parts or parts[0] != MODELS_DIR
+                    or not (member.isfile() or member.isdir())):
+                raise InputError(f"{uri}: the layer holds '{member.name}', which a package never does",
+                                 hint="pull an artifact `relctl publish` pushed")
+        tar.extractall(dest, filter="data")
+
+
+def publish_version(spec: str, target: str, project_dir: Path, base: str | None = None) -> dict[str, str]:
+    """`relctl publish MODEL/VERSION --to oci://...`: the version's package, fetched and verified (digest
+    recorded at release, signature), pushed, and its pinned URI recorded on the version."""
+    from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
+    from release.registry import tags as T  # noqa: PLC0415
+    from release.registry.client import open_registry  # noqa: PLC0415
+    from release.signing.keys import project_trust  # noqa: PLC0415
+
+    model, version = parse_version_spec(spec)
+    ref = parse_oci(target)   # a bad target fails before anything is downloaded
+    if ref.digest:
+        raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
+                         hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
+    trust = project_trust(project_dir)
+    registry = open_registry(project_dir, read_only=True)
+    mv = registry.get_version(model, version)
+    base_image = read_base(base) if base else None
+    tag = ref.tag or f"v{version}"
+    with tempfile.TemporaryDirectory(prefix="relctl-publish-") as tmp:
+        package = fetch_package(registry, model, version, Path(tmp), mv, trust=trust)
+        annotations = {"org.opencontainers.image.title": f"{model} v{version}",
+                       "org.opencontainers.image.version": version,
+                       "relctl.model": model, "relctl.version": version,
+                       T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
+                       "relctl.published-by": f"relctl {__version__}"}
+        if base:
+            annotations["org.opencontainers.image.base.name"] = base
+        uri = publish_package(package.root, f"oci://{ref.host}/{ref.repo}:{tag}", annotations, base_image)
+    registry.set_version_tag(model, version, T.OCI_DIGEST, uri)
+    return {"model": model, "version": version, "uri": uri, "tag": f"oci://{ref.host}/{ref.repo}:{tag}"}
+
+
+def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None) -> dict[str, str]:
+    """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified; `dest` is replaced whole."""
+    from release.signing.keys import project_trust  # noqa: PLC0415
+    from release.signing.package import verify_signature  # noqa: PLC0415
+
+    trust = project_trust(project_dir)
+    dest = dest.resolve()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        if source.startswith("oci://"):
+            root = pull_artifact(source, partial)
+            package = verify_package(root)
+            verdict = verify_signature(root, trust, source)
+        else:
+            from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+            from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
+            from release.registry.client import open_registry  # noqa: PLC0415
+
+            name, version = parse_version_spec(source)
+            package = fetch_package(open_registry(project_dir, read_only=True), name, version, partial, trust=trust)
+            root = package.root
+            verdict = verify_signature(root, trust, source)
+        if model is not None and package.model_name != model:
+            raise InputError(f"{source}: the package is '{package.model_name}', not '{model}'",
+                             hint="the pinned reference names another model's package")
+        shutil.rmtree(dest, ignore_errors=True)
+        root.rename(dest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return {"source": source, "to": str(dest), "model": package.model_name,
+            "signature": verdict.signed_by or verdict.status}
+
+
+def _check(response: Any, what: str) -> None:
+    if response.status_code not in (200, 201, 202):
+        raise RegistryError(f"{what}: the registry answered {response.status_code} {response.text[:200]}",
+                            hint="check the repository name and that you may push to it (docker login)")
