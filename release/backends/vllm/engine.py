@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -67,6 +68,22 @@ def kv_cache_space_gib() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise InputError(f"{KV_SPACE_ENV}={raw}: expected a whole number of GiB, at least 1", hint="e.g. 4")
     return int(raw)
+
+
+# vllm/v1/core/kv_cache_utils.py update_kv_cache_capacity, logged once at start-up:
+# "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx" (pools: GPU, CPU, ...).
+KV_CACHE_LINE = re.compile(r"(\w+)(?: \+ host)? KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) "
+                           r"tokens per request: ([\d.]+)x")
+
+
+def kv_cache_report(log: Path) -> tuple[int, float, int, str] | None:
+    """(KV cache tokens, maximum concurrency, max_model_len, the line) from a vLLM log; None if not logged."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = KV_CACHE_LINE.search(text)
+    if found is None:
+        return None
+    line = text[found.start():].splitlines()[0]
+    return int(found[2].replace(",", "")), float(found[4]), int(found[3].replace(",", "")), line
 
 
 def log_path(label: str, port: int) -> Path:
