@@ -117,7 +117,10 @@ class MemoryGate:
             details["reported"] = {"kv_cache_tokens": reported.kv_cache_tokens,
                                    "max_concurrency": reported.max_concurrency,
                                    "max_model_len": reported.max_model_len, "log_line": reported.log_line,
-                                   "planned_tokens": plan.reported_tokens, "relative_error": error}
+                                   "planned_tokens": plan.reported_tokens, "relative_error": error,
+                                   # Informative: vLLM's processes' RSS beside the plan's replica (its pool is
+                                   # allocated up front but pages only count once touched).
+                                   "resident_bytes": reported.resident_bytes, "planned_bytes": b.peak}
             details["cold_start"] = {"candidate": {"load_s": reported.start_s},
                                      "note": "vLLM's start to ready (load included), measured, not judged"}
             metrics.update(kv_capacity_relative_error=error, vllm_kv_cache_tokens=float(reported.kv_cache_tokens),

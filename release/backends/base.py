@@ -153,6 +153,7 @@ class EngineMemory:
     log_line: str
     start_s: float           # how long the engine took to become ready (its cold start, load included)
     kv_cache_bytes: int | None = None  # the explicit KV pool it was started with, if any
+    resident_bytes: int | None = None  # host memory its processes hold now (RSS), where measurable
 
 
 @dataclass(frozen=True)

@@ -100,10 +100,12 @@ def test_the_capacity_matches_what_vllm_logged_on_cpu() -> None:
 
 def test_a_context_off_the_block_grid_rounds_up_to_whole_blocks() -> None:
     spec = llama3()
+    def blocks(context: int) -> int:
+        return vllm_plan.breakdown(spec, replace(H100, context=context), vllm_plan.VllmSettings()).blocks_per_request
+
     at = vllm_plan.breakdown(spec, replace(H100, context=8190), vllm_plan.VllmSettings())
     assert at.blocks_per_request == 512 and at.kv_needed == 16 * 512 * at.page_bytes
-    assert vllm_plan.breakdown(spec, replace(H100, context=8193 - 16), vllm_plan.VllmSettings()).blocks_per_request == 512
-    assert vllm_plan.breakdown(spec, replace(H100, context=8176), vllm_plan.VllmSettings()).blocks_per_request == 511
+    assert (blocks(8177), blocks(8176), blocks(8192)) == (512, 511, 512)
 
 
 def test_same_device_rollout_is_an_option_and_needs_a_smaller_share() -> None:

@@ -174,7 +174,8 @@ class VllmBackend(Backend):
         space = engine.command.env.get("VLLM_CPU_KVCACHE_SPACE")  # what this server was started with
         return EngineMemory(kv_cache_tokens=tokens, max_concurrency=concurrency, max_model_len=model_len,
                             log_line=line, start_s=engine.start_s,
-                            kv_cache_bytes=int(space) * 1024**3 if space else None)
+                            kv_cache_bytes=int(space) * 1024**3 if space else None,
+                            resident_bytes=engine.resident_bytes())
 
     # -- serving -----------------------------------------------------------------------------------
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:

@@ -135,6 +135,19 @@ class EngineProcess:
         self.start_s = time.monotonic() - started
         return self
 
+    def resident_bytes(self) -> int | None:
+        """RSS of the server and every process it spawned (API server, engine core, worker); None if gone."""
+        import psutil  # noqa: PLC0415 - only the memory gate asks
+
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            root = psutil.Process(proc.pid)
+            return sum(int(p.memory_info().rss) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            return None
+
     def log_tail(self) -> str:
         lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.is_file() else []
         errors = [line for line in lines if "Error" in line or "error" in line]
