@@ -143,6 +143,20 @@ class MemoryFacts:
 
 
 @dataclass(frozen=True)
+class EngineMemory:
+    """What an engine serving a folder reports about its own memory (vLLM: its start-up KV cache line), for the
+    memory gate to hold the plan against."""
+
+    kv_cache_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    log_line: str
+    start_s: float           # how long the engine took to become ready (its cold start, load included)
+    kv_cache_bytes: int | None = None  # the explicit KV pool it was started with, if any
+    resident_bytes: int | None = None  # host memory its processes hold now (RSS), where measurable
+
+
+@dataclass(frozen=True)
 class Flavour:
     """How register logs the model for MLflow. `onnx`: an MLflow ONNX model (`model_file` is the graph);
     `files`: the runtime files as artifacts of an MLflow model with this backend's metadata."""
@@ -225,6 +239,11 @@ class Backend(ABC):
 
     @abstractmethod
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts: ...
+
+    def engine_memory(self, model_dir: Path) -> EngineMemory | None:
+        """What the engine reports about its memory serving `model_dir` (starting it if need be); None: this
+        engine reports nothing the plan can be checked against (onnxruntime-genai is measured instead)."""
+        return None
 
     def batch_probe(self, model_dir: Path, provider: str) -> BatchProbe | None:
         """A loaded model that runs one batch for the memory measurement; None: this engine cannot be measured

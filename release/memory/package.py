@@ -30,6 +30,7 @@ class PackageFacts:
     precision: Precision
     kv_dtype_bytes: int
     provider: Provider
+    backend: str = "onnxruntime-genai"  # the backend that built it: the memory plan is per engine
 
 
 def read_package(path: Path) -> PackageFacts:
@@ -53,7 +54,8 @@ def read_package(path: Path) -> PackageFacts:
     facts = backend.memory_facts(model_dir, declared)
     return PackageFacts(root=path, model_dir=model_dir, config=_read_config(config_path),
                         weights_bytes=facts.weights_bytes, precision=cast(Precision, facts.precision),
-                        kv_dtype_bytes=facts.kv_dtype_bytes, provider=cast(Provider, facts.provider))
+                        kv_dtype_bytes=facts.kv_dtype_bytes, provider=cast(Provider, facts.provider),
+                        backend=backend.id)
 
 
 def read_model_folder(model_dir: Path, config: dict[str, Any], precision: str | None = None,

@@ -166,13 +166,20 @@ def check_context(shape: ModelShape, context: int) -> None:
                          hint=f"plan --context {shape.max_positions} or less (the model cannot attend further)")
 
 
+def hidden_activation_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> int:
+    """Hidden states of one forward pass over `tokens` tokens at the MLP (or attention) peak (module
+    docstring): shared by every engine's plan (vllm_plan.py passes its chunked-prefill token budget)."""
+    s = shape
+    return tokens * act_bytes * max(3 * s.hidden + 6 * s.mlp_width, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
+
+
 def workspace_bytes(spec: ModelSpec, target: Target) -> int:
     """Activation workspace of the largest forward pass (module docstring); linear in concurrency."""
     s, b = spec.shape, target.concurrency
     prefill = min(target.prefill_tokens or target.context, target.context)
     tokens = b * prefill
     act = io_bytes(spec.precision, target.provider)
-    hidden = tokens * act * max(3 * s.hidden + 6 * s.mlp_width, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
+    hidden = hidden_activation_bytes(s, tokens, act)
     logits = tokens * s.vocab * act + b * s.vocab * 4
     return hidden + logits + WORKSPACE_FLOOR_BYTES[target.provider]
 

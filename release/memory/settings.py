@@ -28,7 +28,11 @@ class MemoryConfig(BaseModel):
     prefill_tokens: int | None = Field(default=None, ge=1, description="prompt tokens per sequence; default: context")
     provider: Provider | None = Field(default=None, description="default: cuda for a GPU, else the package's own")
     headroom: float = Field(default=0.10, ge=0, lt=1, description="share of memory the plan keeps free")
-    rollout_overlap: bool = Field(default=True, description="old and new replicas share the devices in a rollout")
+    rollout_overlap: bool | None = Field(default=None, description="old and new replicas share the devices in a "
+                                         "rollout; default: yes for onnxruntime-genai, no (a surge) for vLLM")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1, description="vLLM: its device share")
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, description="vLLM: chunked-prefill budget")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM: most sequences scheduled at once")
     catalogue: dict[str, GpuSpec] = Field(default_factory=dict, description="GPUs to add or override")
     cold_start: bool = Field(default=True, description="measure load time and first-token time")
     max_cold_start_ratio: float = Field(default=1.5, gt=0, description="candidate / production cold start")
@@ -43,7 +47,7 @@ class MemoryConfig(BaseModel):
             raise ValueError(f"kv_dtype '{self.kv_dtype}' is not one of {', '.join(KV_DTYPE_BYTES)}")
         return self
 
-    def target(self, package_provider: Provider) -> Target:
+    def target(self, package_provider: Provider, engine: str = "onnxruntime-genai") -> Target:
         """The Target this block describes (GPU names resolved against the catalogue with its additions)."""
         name, memory, price = None, self.memory_gib, None
         if self.gpu is not None:
@@ -53,7 +57,8 @@ class MemoryConfig(BaseModel):
         assert memory is not None  # one of gpu / memory_gib, checked above
         return Target(memory_gib=memory, concurrency=self.concurrency, context=self.context, gpus=self.gpus,
                       provider=provider, kv_dtype=self.kv_dtype, prefill_tokens=self.prefill_tokens,
-                      headroom=self.headroom, rollout_overlap=self.rollout_overlap, gpu_name=name,
+                      headroom=self.headroom, gpu_name=name,
+                      rollout_overlap=self.rollout_overlap if self.rollout_overlap is not None else engine != "vllm",
                       price_per_hour=price)
 
 

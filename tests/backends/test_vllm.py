@@ -76,7 +76,8 @@ def released(tmp_path_factory: pytest.TempPathFactory, vllm_run: Any) -> dict[st
     config = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
     config["convert"] = {"backend": "vllm", "precision": "fp32"}
     config["gates"].pop("canary")   # the first release has no production to compare with
-    config["gates"].pop("memory")   # the memory plan per engine is not built for vLLM yet
+    # The vLLM plan: a 4 GiB host (vLLM's processes and its 1 GiB KV pool), at the model's 128 positions.
+    config["gates"]["memory"] = {**config["gates"]["memory"], "memory_gib": 4, "context": 128}
     (project / "release.yaml").write_text(yaml.safe_dump(config))
     shutil.copy(EXAMPLE / "traffic.jsonl", project / "traffic.jsonl")
     train = load_train_module()
@@ -99,7 +100,24 @@ def test_promote_releases_through_vllm_with_validation_and_gates(released: dict[
     assert validation["metrics"]["mean_kl"] < 1e-4
     assert validation["metrics"]["greedy_agreement"] == 1.0 and validation["metrics"]["tokenizer_parity"] == 1.0
     statuses = {g["gate"]: g["status"] for g in report["gates"]}
-    assert statuses == {"eval": "pass", "safety": "pass", "load": "pass"}, report["gates"]
+    assert statuses == {"eval": "pass", "safety": "pass", "memory": "pass", "load": "pass"}, report["gates"]
+
+
+def test_the_memory_gate_holds_the_vllm_plan_to_the_capacity_vllm_reports(released: dict[str, Any]) -> None:
+    report = json.loads(released["promote"].stdout)
+    memory = next(g for g in report["gates"] if g["gate"] == "memory")
+    assert memory["status"] == "pass", memory
+    details = memory["details"]
+    assert details["engine"] == "vllm" and details["plan"]["engine"] == "vllm"
+    reported = details["reported"]
+    # vLLM's own start-up line, read from the server the offline gates shared.
+    assert "KV cache size:" in reported["log_line"] and reported["max_model_len"] == 128
+    planned, logged = reported["planned_tokens"], reported["kv_cache_tokens"]
+    assert abs(planned - logged) / logged <= 0.05 and reported["relative_error"] <= 0.05, reported
+    check = next(c for c in memory["thresholds"] if c["metric"] == "kv_capacity_relative_error")
+    assert check["passed"]
+    print(f"vLLM KV capacity: planned {planned:,} tokens, vLLM reported {logged:,} ({reported['log_line']}); "
+          f"vLLM RSS {reported['resident_bytes']:,} B vs planned replica {reported['planned_bytes']:,} B")
 
 
 def test_the_package_is_safetensors_for_vllm(released: dict[str, Any], tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from release.backends.base import (
     Backend,
     Deploy,
+    EngineMemory,
     ExportResult,
     Flavour,
     LoadedModel,
@@ -38,9 +39,10 @@ from release.backends.vllm.engine import (
     VLLM_VERSION,
     engine_python,
     engine_version,
+    kv_cache_report,
     kv_cache_space_gib,
 )
-from release.core.errors import InputError
+from release.core.errors import InputError, StageFailed
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -158,6 +160,22 @@ class VllmBackend(Backend):
         kv_bytes = 4 if precision == "fp32" else 2
         return MemoryFacts(weights_bytes=weights, kv_dtype_bytes=kv_bytes, precision=precision,
                            provider="cpu" if precision == "fp32" else "cuda")
+
+    def engine_memory(self, model_dir: Path) -> EngineMemory:
+        """vLLM's own start-up line for the folder, from the server validation and the gates share."""
+        from release.backends.vllm.model import served_model  # noqa: PLC0415 - starts an engine process
+
+        engine = served_model(self, model_dir).engine
+        report = kv_cache_report(engine.log_path)
+        if report is None:
+            raise StageFailed(f"vLLM logged no KV cache size line (log: {engine.log_path})",
+                              hint=f"vLLM {VLLM_VERSION} logs 'KV cache size: N tokens' at start-up; check its log")
+        tokens, concurrency, model_len, line = report
+        space = engine.command.env.get("VLLM_CPU_KVCACHE_SPACE")  # what this server was started with
+        return EngineMemory(kv_cache_tokens=tokens, max_concurrency=concurrency, max_model_len=model_len,
+                            log_line=line, start_s=engine.start_s,
+                            kv_cache_bytes=int(space) * 1024**3 if space else None,
+                            resident_bytes=engine.resident_bytes())
 
     # -- serving -----------------------------------------------------------------------------------
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -69,6 +70,22 @@ def kv_cache_space_gib() -> int:
     return int(raw)
 
 
+# vllm/v1/core/kv_cache_utils.py update_kv_cache_capacity, logged once at start-up:
+# "%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx" (pools: GPU, CPU, ...).
+KV_CACHE_LINE = re.compile(r"(\w+)(?: \+ host)? KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) "
+                           r"tokens per request: ([\d.]+)x")
+
+
+def kv_cache_report(log: Path) -> tuple[int, float, int, str] | None:
+    """(KV cache tokens, maximum concurrency, max_model_len, the line) from a vLLM log; None if not logged."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = KV_CACHE_LINE.search(text)
+    if found is None:
+        return None
+    line = text[found.start():].splitlines()[0]
+    return int(found[2].replace(",", "")), float(found[4]), int(found[3].replace(",", "")), line
+
+
 def log_path(label: str, port: int) -> Path:
     """Where an engine's output goes: never inside a package (verify refuses files added to one)."""
     folder = Path(tempfile.gettempdir()) / f"relctl-vllm-{os.getuid()}"
@@ -117,6 +134,19 @@ class EngineProcess:
             time.sleep(0.5)
         self.start_s = time.monotonic() - started
         return self
+
+    def resident_bytes(self) -> int | None:
+        """RSS of the server and every process it spawned (API server, engine core, worker); None if gone."""
+        import psutil  # noqa: PLC0415 - only the memory gate asks
+
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            root = psutil.Process(proc.pid)
+            return sum(int(p.memory_info().rss) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            return None
 
     def log_tail(self) -> str:
         lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.is_file() else []
