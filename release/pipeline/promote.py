@@ -20,7 +20,7 @@ from typing import Any
 from release.backends import Backend
 from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
-from release.core.errors import Blocked, InputError, InputProblems, ReleaseError
+from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PackageManifest, verify_package
@@ -30,7 +30,7 @@ from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
-from release.pipeline.contract import check_run
+from release.pipeline.contract import ContractReport, require_contract
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
@@ -89,14 +89,16 @@ class Promotion:
             sections = [self.gates_markdown.replace("### relctl gates", "## Gates"), f"Full gate report: {link}."]
         return model_card(report, sections)
 
-    def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
-        gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        # The same checks as `relctl check` (release.pipeline.contract), so check never passes what promote refuses.
-        contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
-        if contract.problems or contract.model is None:  # all at once, in seconds, before any slow stage
-            raise InputProblems([(p.message, p.hint) for p in contract.problems])
-        for warning in contract.warnings:
-            self.progress.note(warning)
+    def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None,
+            contract: ContractReport | None = None, gates: list[Gate] | None = None) -> ReleaseReport:
+        """`contract` and `gates`: the run contract as the caller already checked it (api.promote checks it
+        before importing this module); else checked here."""
+        gates = gates if gates is not None else load_gates(self.cfg.gates)  # every gate validates its block first
+        if contract is None:
+            # The same checks as `relctl check`, so check never passes what promote refuses; all at once, in
+            # seconds, before any slow stage.
+            contract = require_contract(self.registry, run_id, self.cfg, gates, self._repo_anchor(),
+                                        self.progress.note)
         backend = contract.backend
         name = contract.model
         # Loaded now (check_run already refused a bad key): the key signs at register, the trust verifies
