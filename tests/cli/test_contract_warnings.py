@@ -54,3 +54,31 @@ def test_contract_warnings_print_once_each_on_its_own_line(project_dir: Path, co
     first_error = next(i for i, line in enumerate(lines) if line.startswith("error: "))
     assert all(i < first_error for i, line in enumerate(lines) if any(w in line for w in WARNINGS)), done.stderr
     assert any("has no validation prompts" in line for line in lines if line.startswith("error: "))
+
+
+# Runs `relctl ARGS...` in this interpreter the way the console script does, then reports sys.modules.
+PROBE = """
+import json, sys
+from release.cli import cli
+try:
+    cli.main(args=sys.argv[1:], prog_name="relctl")
+except SystemExit as exc:
+    print("EXIT=" + str(exc.code))
+print("MODULES=" + json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_a_refused_promote_loads_nothing_a_release_needs(project_dir: Path) -> None:
+    """Refused in seconds beyond opening the store (benchmarks/cli_latency.py): the pipeline, GitPython, rich and
+    httpx (the vLLM backend's, loaded to ask whether it builds the family) are imported only by a release."""
+    run_id = checkpoint_only_run(project_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", PROBE, "--project-dir", str(project_dir), "-q", "promote", run_id],
+                          capture_output=True, text=True, env=env, cwd=project_dir, timeout=300, check=False)
+    assert "EXIT=2" in done.stdout, done.stdout + done.stderr
+    modules = set(json.loads(next(x for x in done.stdout.splitlines() if x.startswith("MODULES="))[8:]))
+    assert "release.pipeline.contract" in modules and "release.backends.vllm.engine" in modules  # it did check
+    top = {m.split(".")[0] for m in modules}
+    assert not top & {"git", "rich", "httpx"}, sorted(top & {"git", "rich", "httpx"})
+    assert not modules & {"release.pipeline.promote", "release.stages.convert", "release.stages.register"}
