@@ -451,12 +451,15 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
     assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit") == lineage.get("lineage.git_commit")
     assert chain["data_sha256"]["eval"] == lineage["lineage.data.eval.sha256"]
     assert len(chain["weights_sha256"]["model.safetensors"]) == 64 and len(chain["config_sha256"]) == 64
-    assert chain["release_run"]["outcome"] == "released" and chain["gates"]["eval"] == "pass"
+    # Production (v1 after the rollback) was gated again by a later promote: trace names that run.
+    assert chain["release_run"]["id"] == tags["relctl.release_run_id"]
+    assert chain["release_run"]["outcome"] in ("released", "re-gated") and chain["gates"]["eval"] == "pass"
     assert chain["integrity"]["ok"] is True and "serving_config_mismatch" not in chain
     text = relctl(project, "trace", f"{MODEL}:{production}")
     assert text.exit_code == 0 and story["runs"][int(production) - 1] in text.stdout and "verified" in text.stdout
-    # Tamper with the released package in the artifact store: trace names the file (and exits 1).
-    run_id = tags["relctl.release_run_id"]
+    # Tamper with the released package in the artifact store (in the release run that registered it, the
+    # first of the version's release runs): trace names the file (and exits 1).
+    run_id = tags.get("relctl.release_runs", tags["relctl.release_run_id"]).split(",")[0]
     root = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package"
     target = root / "model" / "genai_config.json"
     original = target.read_bytes()
