@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from release.commands.support import Ctx, emit, handled, json_option
-from release.config import gate_settings
 from release.core.errors import Blocked, ConfigError, InputError
 
 # The runner pulls in scipy (the judge), aiohttp and the router: only `relctl canary` itself pays for them,
@@ -32,6 +31,7 @@ def load_canary_config(path: Path | None, project_dir: Path) -> tuple[CanaryConf
     from pydantic import ValidationError
 
     from release.canary.settings import CanaryConfig
+    from release.config import gate_settings  # pydantic models + yaml: ~0.2 s every command would pay
 
     candidate = path or project_dir / "release.yaml"
     if not candidate.is_file():

@@ -40,17 +40,26 @@ def promote(
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - the whole pipeline: not for the read commands
+    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the read commands
+    from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
+    from release.pipeline.contract import require_contract  # noqa: PLC0415 - as above
     from release.pipeline.progress import Progress  # noqa: PLC0415 - as above
-    from release.pipeline.promote import Promotion  # noqa: PLC0415 - as above
 
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
+    progress = progress or Progress(quiet=True)
+    gates = load_gates(cfg.gates)  # every gate validates its block before any work
     store = resolve_store(project_dir)
     connect(store)
-    promotion = Promotion(cfg, store, project_dir, config_path, progress or Progress(quiet=True))
-    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path)
+    # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
+    # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
+    contract = require_contract(Registry(store), run_id, cfg, gates,
+                                config_path.parent if config_path else project_dir, progress.note)
+    from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
+
+    promotion = Promotion(cfg, store, project_dir, config_path, progress)
+    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
 
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:

@@ -86,6 +86,13 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
         out["release_run"] = {"id": release_run, "outcome": run.tags.get(T.OUTCOME),
                               "link": links.run_link(uri, run.experiment_id, release_run)}
         lineage = {**run.tags, **tags}
+        # Gated again after it was registered: the run above is the latest gating; the first registered the
+        # package (and holds it). Every one is listed, oldest first.
+        history = T.release_runs(tags)
+        if len(history) > 1:
+            out["release_runs"] = [{"id": r, "role": "registered the package" if i == 0 else "gated it again",
+                                    "link": links.run_link(uri, run.experiment_id, r)}
+                                   for i, r in enumerate(history)]
     out["gates"] = T.gate_statuses(tags)
     training_id = tags.get(T.TRAINING_RUN)
     training: dict[str, Any] = {"id": training_id}
@@ -129,6 +136,8 @@ def render(chain: dict[str, Any]) -> list[str]:
     rr = chain.get("release_run")
     if rr:
         lines.append(f"  release run      {rr['id']} ({rr['outcome'] or 'outcome not recorded'}) {rr['link']}")
+    for earlier in chain.get("release_runs", [])[:-1]:
+        lines.append(f"  earlier run      {earlier['id']} ({earlier['role']}) {earlier['link']}")
     gates = ", ".join(f"{g} {s}" for g, s in sorted(chain["gates"].items())) or "no gate ran"
     lines.append(f"  gates            {gates}")
     t = chain["training_run"]

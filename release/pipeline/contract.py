@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from release.backends import Backend, choose_backend
 from release.config import ReleaseConfig
 from release.core.checkpoint import PICKLE_SUFFIXES
-from release.core.errors import InputError
+from release.core.errors import InputError, InputProblems
 from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
@@ -150,6 +151,18 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def require_contract(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[Gate], config_dir: Path | None,
+                     note: Callable[[str], None]) -> ContractReport:
+    """check_run for promote: the warnings through `note`, once and before any error; every problem raised at
+    once (InputProblems, exit 2). Run before the pipeline is even imported, so a refused run is refused fast."""
+    contract = check_run(registry, run_id, cfg, gates, config_dir)
+    for warning in contract.warnings:
+        note(warning)
+    if contract.problems or contract.model is None:
+        raise InputProblems([(p.message, p.hint) for p in contract.problems])
+    return contract
 
 
 def read_run_config(registry: Registry, run_id: str, ckpt: str) -> dict[str, Any]:

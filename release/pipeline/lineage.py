@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import git
-
 from release.core.hashing import sha256_file
 from release.registry import tags as T
 from release.registry.records import RunRecord
@@ -45,6 +43,9 @@ def checkpoint_lineage(checkpoint: Path, weight_files: list[Path]) -> dict[str, 
 
 def repo_state(path: Path) -> dict[str, Any]:
     """Commit and dirty state of the git repository holding `path` (release.yaml or the project)."""
+    # GitPython costs ~0.15 s to import: paid here, by a release, never by `check` or a refused promote.
+    import git  # noqa: PLC0415
+
     try:
         repo = git.Repo(path, search_parent_directories=True)
         commit = repo.head.commit.hexsha if repo.head.is_valid() else None

@@ -8,9 +8,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from functools import cached_property
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HEARTBEAT_S = 10.0
 
@@ -19,8 +21,15 @@ class Progress:
     def __init__(self, quiet: bool = False, stream: TextIO | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.quiet = quiet
         self.heartbeat_s = heartbeat_s
+        self.stream = stream
+
+    @cached_property
+    def console(self) -> Console:
+        # Built on the first line printed: a quiet run (or one refused before any line) never imports rich.
+        from rich.console import Console  # noqa: PLC0415 - ~0.1 s of start-up a refused `promote -q` skips
+
         # stderr, so `--json` output on stdout stays machine-readable.
-        self.console = Console(file=stream or sys.stderr, highlight=False, soft_wrap=True)
+        return Console(file=self.stream or sys.stderr, highlight=False, soft_wrap=True)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:

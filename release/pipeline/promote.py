@@ -20,7 +20,7 @@ from typing import Any
 from release.backends import Backend
 from release.canary.outcome import unwind_canary
 from release.config import ReleaseConfig
-from release.core.errors import Blocked, InputError, InputProblems, ReleaseError
+from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PackageManifest, verify_package
@@ -30,12 +30,14 @@ from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
-from release.pipeline.contract import check_run
+from release.pipeline.contract import ContractReport, require_contract
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
 from release.pipeline.report import (
     COMPARED,
+    DETAILS_ARTIFACT,
+    DETAILS_LINK,
     METRICS_LINK,
     PLOT_LINK,
     RELEASE_RUN_LINK,
@@ -43,6 +45,7 @@ from release.pipeline.report import (
     TRAINING_RUN_LINK,
     VERSION_LINK,
     ReleaseReport,
+    details_markdown,
     model_card,
     release_details,
     release_metrics,
@@ -82,22 +85,22 @@ class Promotion:
         self.trust = Trust()
 
     def card(self, report: ReleaseReport) -> str:
-        """The model card: lineage, validation, memory, then the gate table and a link to the HTML report."""
+        """The model card: the verdict and the figures that decide it; every other figure behind a link
+        (report/details.md of the release run, written by _log_report)."""
         self._add_links(report)
-        sections = []
-        if self.gates_markdown:
-            link = f"release run `{report.release_run}`, artifact `report/report.html`"
-            sections = [self.gates_markdown.replace("### relctl gates", "## Gates"), f"Full gate report: {link}."]
+        sections: list[str] = []  # a section of its own (e.g. a table) goes here, between decision and details
         return model_card(report, sections)
 
-    def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None) -> ReleaseReport:
-        gates = load_gates(self.cfg.gates)  # every gate validates its block before any work
-        # The same checks as `relctl check` (release.pipeline.contract), so check never passes what promote refuses.
-        contract = check_run(self.registry, run_id, self.cfg, gates, self._repo_anchor())
-        if contract.problems or contract.model is None:  # all at once, in seconds, before any slow stage
-            raise InputProblems([(p.message, p.hint) for p in contract.problems])
-        for warning in contract.warnings:
-            self.progress.note(warning)
+    def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None,
+            contract: ContractReport | None = None, gates: list[Gate] | None = None) -> ReleaseReport:
+        """`contract` and `gates`: the run contract as the caller already checked it (api.promote checks it
+        before importing this module); else checked here."""
+        gates = gates if gates is not None else load_gates(self.cfg.gates)  # every gate validates its block first
+        if contract is None:
+            # The same checks as `relctl check`, so check never passes what promote refuses; all at once, in
+            # seconds, before any slow stage.
+            contract = require_contract(self.registry, run_id, self.cfg, gates, self._repo_anchor(),
+                                        self.progress.note)
         backend = contract.backend
         name = contract.model
         # Loaded now (check_run already refused a bad key): the key signs at register, the trust verifies
@@ -374,16 +377,28 @@ class Promotion:
         if result.outcome == "unchanged":
             if report.gates:  # new evidence for what already serves: recorded, never dropped
                 report.version = result.version
+                report.outcome = "re-gated"  # before _record: the card written on the version says so
+                self._regated(name, result.version, run, package, report)
                 self._record(name, result.version, run, report)
                 self.registry.record_event(name, "re-gated", f"gates re-run on v{result.version}: " + ", ".join(
                     f"{g['gate']} {g['status']}" for g in report.gates), run.run_id)
-                report.outcome = "re-gated"
                 self.progress.note(f"{name} v{result.version} already serves this package; "
                                    "the new gate results are recorded on it (history: re-gated)")
             return None
         report.aliases = result.aliases
         self.registry.set_description(name, result.version, self.card(report))
         return result.version
+
+    def _regated(self, name: str, version: str, run: ReleaseRun, package: PackageManifest,
+                 report: ReleaseReport) -> None:
+        """This run gated `version` again: it becomes the version's release run (its report, gates and numbers
+        are the ones that count) and joins the version's release runs; the first, which registered the
+        package and holds it, stays first. The run carries the lineage too, so it is read on its own."""
+        tags = self.registry.get_version(name, version).tags
+        runs = T.with_release_run(tags, run.run_id)
+        run.set_tags(reg.lineage_tags(report.lineage, package))
+        self.registry.set_version_tags(name, version, {T.RELEASE_RUN: run.run_id, T.RELEASE_RUNS: runs})
+        report.release_runs = runs.split(",")
 
     def _after_register(self, run: ReleaseRun, name: str, package: PackageManifest, intake: Done[IntakeResult],
                         report: ReleaseReport, production: ProductionRef | None, version: str,
@@ -490,6 +505,7 @@ class Promotion:
             found[RELEASE_RUN_LINK] = links.run_link(uri, releases, report.release_run)
             found |= {PLOT_LINK + title: links.artifact_link(uri, releases, report.release_run, path)
                       for title, path in report.plots.items()}
+            found[DETAILS_LINK] = links.artifact_link(uri, releases, report.release_run, DETAILS_ARTIFACT)
         training = report.lineage.get("training", {})
         if training.get("experiment_id"):
             found[TRAINING_RUN_LINK] = links.run_link(uri, training["experiment_id"], report.training_run)
@@ -515,6 +531,7 @@ class Promotion:
             (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
             (out / "model_card.md").write_text(self.card(report))
             (out / "summary.md").write_text(summary_markdown(report, self.gates_markdown))
+            (out / Path(DETAILS_ARTIFACT).name).write_text(details_markdown(report, self.gates_markdown))
             if self.gate_results:
                 meta = {"model": report.model, "training run": report.training_run,
                         "release run": str(report.release_run), "outcome": report.outcome}

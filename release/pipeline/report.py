@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
+from release.core.units import size
 from release.registry import tags as T
 
 # report.links labels the card builds sentences from
@@ -39,6 +40,8 @@ class ReleaseReport:
     # The production version the release was compared with: {"version", "metrics"} (its recorded numbers).
     production: dict[str, Any] | None = None
     plots: dict[str, str] = field(default_factory=dict)   # title -> artifact path in the release run
+    # A re-gate: every release run of the version, oldest first (the first registered and holds the package).
+    release_runs: list[str] = field(default_factory=list)
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -54,6 +57,16 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
+def _sig(value: Any) -> str:
+    """A figure as a reviewer reads it: three significant digits (0.992, not 0.99209237098693848), whole
+    numbers from 100 up (2346 ms, not 2.35e+03)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "—" if value is None else str(value)
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
 def _commit(commit: Any, dirty: Any) -> str:
     if not commit:
         return "not recorded (not a git repository)"
@@ -61,55 +74,144 @@ def _commit(commit: Any, dirty: Any) -> str:
     return f"`{commit}` ({state.get(dirty, 'state unknown')})"
 
 
+VERDICT = {"released": "Released", "re-gated": "Re-gated", "blocked": "Blocked", "dry-run": "Dry run passed",
+           "error": "Failed", "unchanged": "Unchanged"}
+DETAILS_ARTIFACT = "report/details.md"   # every figure behind the card, in the release run
+DETAILS_LINK = "every figure (details)"
+MAX_FIGURES = 3                          # deciding figures per row; the rest are in the details
+
+
 def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
-    """Markdown shown as the registered version's description in the MLflow UI: where it came from (links),
-    the gate table, validation against thresholds and production, the memory plan, and the plots."""
-    training = report.lineage.get("training", {})
-    ckpt = report.lineage.get("checkpoint", {})
-    repo = report.lineage.get("release_repo", {})
+    """Markdown shown as the registered version's description in the MLflow UI: the verdict and the few
+    figures that decide it (validation, each gate's deciding numbers, memory fit, cost), one line per extra
+    section, then the plots, lineage and links. Every other figure is in the details artifact it links."""
     links = report.links
-    prod = report.production or {}
-    if REPLACED in links:
-        replaced = (report.aliases.get("previous") or [None, None])[1]
-        against = f" Replaced production {_link(f'v{replaced}', links[REPLACED])}."
-    elif prod:
-        against = f" Compared with production {_link('v' + str(prod['version']), links.get(COMPARED))}."
-    else:
-        against = " First release of this model: nothing to compare with."
-    lines = [
-        f"# {report.model} — {report.precision} ONNX",
-        "",
-        (f"Promoted by relctl from training run {_link(report.training_run, links.get(TRAINING_RUN_LINK))} "
-         f"(release run {_link(str(report.release_run), links.get(RELEASE_RUN_LINK))}). "
-         f"Outcome: **{report.outcome}**." + against),
-        "",
-    ]
-    if METRICS_LINK in links:
-        lines += [f"Every number of this release is a metric of the version's [logged model]({links[METRICS_LINK]}) "
-                  "(the Source Model above) and of the release run.", ""]
+    lines = [f"# {report.model} — {report.precision} ONNX", "",
+             f"**{VERDICT.get(report.outcome, report.outcome)}**: {_verdict(report)}{_against(report)}", "",
+             _provenance(report), ""]
+    lines += decision_table(report)
     for section in extra_sections or []:
         lines += [section, ""]
-    if report.validation:
-        production = prod.get("metrics", {})
-        lines += ["## Validation against the fp32 reference", "| metric | value | bound | production | result |",
-                  "|---|---|---|---|---|"]
-        for check in report.validation.get("checks", []):
-            before = production.get(f"{T.VALIDATION_PREFIX}{check['metric']}")
-            lines.append(
-                f"| {check['metric']} | {_fmt(check['value'])} | {check['op']} {_fmt(check['bound'])} | "
-                f"{_fmt(before)} | {'pass' if check['passed'] else '**fail**'} |"
-            )
-        lines.append("")
-    if report.memory:
-        lines += memory_section(report.memory)
+    details = _link(DETAILS_ARTIFACT, links.get(DETAILS_LINK))
+    lines += [f"Every figure behind these (validation metrics, the memory plan, each gate's metrics and load "
+              f"rows): {details} in the release run."
+              + (f" Every number is also a metric of the version's [logged model]({links[METRICS_LINK]})."
+                 if METRICS_LINK in links else ""), ""]
+    if report.failures:
+        lines += ["## Why it was blocked", *(f"- {f}" for f in report.failures), ""]
+    if report.notes:
+        lines += ["## Notes", *(f"- {n}" for n in report.notes), ""]
     if report.plots:
         lines += ["## Plots", *(f"- {_link(title, links.get(PLOT_LINK + title), code=False)}"
                                 f" (release run artifact `{path}`)" for title, path in report.plots.items()), ""]
-    lines += [
+    lines += lineage_section(report)
+    if links:
+        lines += ["## Links", *(f"- [{label}]({url})" for label, url in links.items()
+                                if not label.startswith(PLOT_LINK)), ""]
+    return "\n".join(lines)
+
+
+def _verdict(report: ReleaseReport) -> str:
+    version = f"v{report.version}" if report.version else "nothing registered"
+    return {"released": f"{version} passed validation and every gate.",
+            "re-gated": f"{version} already served this package; the gates ran again and are recorded on it.",
+            "blocked": "nothing was released; production is unchanged.",
+            "dry-run": "every stage and gate ran; nothing was registered.",
+            "error": "the release stopped on an error; production is unchanged."}.get(report.outcome, "")
+
+
+def _against(report: ReleaseReport) -> str:
+    links, prod = report.links, report.production or {}
+    if report.version is not None and str(prod.get("version")) == report.version:
+        return ""  # re-gated: compared with itself, as production
+    if REPLACED in links:
+        replaced = (report.aliases.get("previous") or [None, None])[1]
+        return f" Replaced production {_link(f'v{replaced}', links[REPLACED])}."
+    if prod:
+        return f" Compared with production {_link('v' + str(prod['version']), links.get(COMPARED))}."
+    return " First release of this model: nothing to compare with."
+
+
+def _provenance(report: ReleaseReport) -> str:
+    links = report.links
+    release = _link(str(report.release_run), links.get(RELEASE_RUN_LINK))
+    text = f"Promoted by relctl from training run {_link(report.training_run, links.get(TRAINING_RUN_LINK))}"
+    if len(report.release_runs) > 1:
+        return (f"{text}; gated again by release run {release} (this report). The package was registered by "
+                f"release run `{report.release_runs[0]}`, which holds it.")
+    return f"{text} (release run {release})."
+
+
+def decision_table(report: ReleaseReport) -> list[str]:
+    """One row per check that decided the verdict, each with its deciding figures (failed checks first)."""
+    rows: list[tuple[str, str, str]] = []
+    if report.validation:
+        checks = report.validation.get("checks", [])
+        rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
+                     _figures(checks)))
+    for gate in report.gates:
+        figures = _figures(gate.get("thresholds") or []) or _clip(gate.get("reason", ""))
+        rows.append((f"gate `{gate['gate']}`", str(gate["status"]), figures))
+    fit = memory_fit(report)
+    if fit:
+        rows.append(("memory fit", *fit))
+    cost = next((g["metrics"]["cost_per_million_tokens"] for g in report.gates
+                 if _is_number(g.get("metrics", {}).get("cost_per_million_tokens"))), None)
+    if cost is not None:
+        rows.append(("cost", "", f"${_sig(cost)} per million output tokens (load gate)"))
+    if not rows:
+        return []
+    return ["## What decided it", "| check | result | deciding figures |", "|---|---|---|",
+            *(f"| {what} | {status} | {figures} |" for what, status, figures in rows), ""]
+
+
+def _status(passed: bool) -> str:
+    return "pass" if passed else "**fail**"
+
+
+def _figures(checks: list[dict[str, Any]]) -> str:
+    """`metric value op bound` per check, failed first, at most MAX_FIGURES."""
+    ordered = sorted(checks, key=lambda c: bool(c.get("passed")))
+    shown = [f"{c['metric']} {_sig(c.get('value'))} {c['op']} {_sig(c.get('bound'))}"
+             + ("" if c.get("passed") else " (**fail**)") for c in ordered[:MAX_FIGURES]]
+    more = len(ordered) - len(shown)
+    return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
+
+
+def memory_fit(report: ReleaseReport) -> tuple[str, str] | None:
+    """(verdict, figures) on one target: the memory gate's when it ran, else the serving target the memory
+    stage planned for. Never both: two targets on one page contradict each other."""
+    gate = next((g for g in report.gates if g["gate"] == "memory" and g["status"] != "skipped"), None)
+    if gate is not None:
+        m = gate.get("metrics", {})
+        if _is_number(m.get("peak_gib")) and _is_number(m.get("budget_gib")):
+            fits = m["peak_gib"] <= m["budget_gib"]
+            return ("fits" if fits else "**does not fit**",
+                    f"peak {size(m['peak_gib'] * 2**30)} of a {size(m['budget_gib'] * 2**30)} budget on the memory "
+                    f"gate's target; up to {_sig(int(m.get('max_concurrency', 0)))} concurrent sequences")
+    mem = report.memory
+    if mem and _is_number(mem.get("peak_bytes")) and _is_number(mem.get("capacity_bytes")):
+        return ("fits" if mem.get("fits") else "**does not fit**",
+                f"peak {size(mem['peak_bytes'])} of {size(mem['capacity_bytes'])} (serving target) at "
+                f"{mem.get('concurrency')} x {mem.get('context_tokens')} tokens; up to "
+                f"{mem.get('max_concurrency')} concurrent sequences")
+    return None
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def lineage_section(report: ReleaseReport) -> list[str]:
+    training = report.lineage.get("training", {})
+    ckpt = report.lineage.get("checkpoint", {})
+    repo = report.lineage.get("release_repo", {})
+    return [
         "## Lineage",
         "| what | value |",
         "|---|---|",
-        f"| training run | {_link(str(training.get('run_id')), links.get(TRAINING_RUN_LINK))} "
+        f"| training run | {_link(str(training.get('run_id')), report.links.get(TRAINING_RUN_LINK))} "
         f"({training.get('run_name')}) |",
         f"| training commit | {_commit(training.get('git_commit'), training.get('git_dirty'))} |",
         *[f"| data `{name}` sha256 | `{digest}` |" for name, digest in training.get("data_sha256", {}).items()],
@@ -121,13 +223,32 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         f"| serving config hash | `{report.package.get('serving_config_hash')}` |",
         "",
     ]
-    if report.failures:
-        lines += ["## Why it was blocked", *(f"- {f}" for f in report.failures), ""]
-    if report.notes:
-        lines += ["## Notes", *(f"- {n}" for n in report.notes), ""]
-    if links:
-        lines += ["## Links", *(f"- [{label}]({url})" for label, url in links.items()
-                                if not label.startswith(PLOT_LINK)), ""]
+
+
+def details_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
+    """Every figure behind the card (the release run's report/details.md): validation against the reference
+    and production, the memory plan on the card's one target, each gate's table (load rows included), and
+    every number the release logged."""
+    prod = (report.production or {}).get("metrics", {})
+    lines = [f"# {report.model} — every figure of release run `{report.release_run}`", ""]
+    if report.validation:
+        lines += ["## Validation against the fp32 reference", "| metric | value | bound | production | result |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {c['metric']} | {_sig(c['value'])} | {c['op']} {_sig(c['bound'])} | "
+                  f"{_sig(prod.get(T.VALIDATION_PREFIX + c['metric']))} | {_status(c['passed'])} |"
+                  for c in report.validation.get("checks", [])]
+        lines.append("")
+    gate = next((g for g in report.gates if g["gate"] == "memory" and g["status"] != "skipped"), None)
+    if gate is None and report.memory:
+        lines += memory_section(report.memory)
+    elif gate is not None:
+        lines += ["## Memory plan (the memory gate's target)", str(gate.get("reason", "")), ""]
+    if gates_markdown:
+        lines += [gates_markdown.replace("### relctl gates", "## Gates"), ""]
+    numbers = release_metrics(report)
+    if numbers:
+        lines += ["## Every number", "| metric | value |", "|---|---|",
+                  *(f"| {k} | {_sig(v)} |" for k, v in sorted(numbers.items())), ""]
     return "\n".join(lines)
 
 
@@ -143,8 +264,8 @@ def memory_section(memory: dict[str, Any]) -> list[str]:
              f"{verdict} at {memory.get('concurrency')} concurrent sequences x {memory.get('context_tokens')} "
              f"tokens, {memory.get('rollout_replicas')} replica(s) during a rollout; at most "
              f"{memory.get('max_concurrency')} concurrent sequences fit.", "",
-             "| | GiB |", "|---|---|"]
-    lines += [f"| {label} | {memory[key] / 2**30:.3f} |" for key, label in MEMORY_ROWS
+             "| | size |", "|---|---|"]
+    lines += [f"| {label} | {size(memory[key])} |" for key, label in MEMORY_ROWS
               if isinstance(memory.get(key), (int, float))]
     return [*lines, ""]
 

@@ -24,11 +24,13 @@ from release.signing.package import verify_signature
 
 
 def package_uri(tags: dict[str, str]) -> str | None:
-    """Where a version's package lives: `package/` of its release run (older versions name it in a tag)."""
+    """Where a version's package lives: `package/` of the release run that registered it, the first of its
+    release runs (a re-gate records its evidence in a later run, never a package; older versions name it in
+    a tag)."""
     if tags.get(T.PACKAGE_URI):
         return tags[T.PACKAGE_URI]
-    release_run = tags.get(T.RELEASE_RUN)
-    return f"runs:/{release_run}/{PACKAGE_ARTIFACT}" if release_run else None
+    runs = T.release_runs(tags)
+    return f"runs:/{runs[0]}/{PACKAGE_ARTIFACT}" if runs else None
 
 
 def _stderr(message: str) -> None:

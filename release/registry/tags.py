@@ -4,7 +4,8 @@ A model version carries a small, stable set of tags (documented in the README; t
 note there), so the registry UI's versions table stays readable and searches keep working:
 
     relctl.training_run_id          the training run the version was promoted from
-    relctl.release_run_id           the release run: report, package, plots, every number
+    relctl.release_run_id           the latest release run that gated it: report, plots, every number
+    relctl.release_runs             every release run of the version, oldest first; the first holds the package
     lineage.git_commit              the training code's commit
     relctl.precision                fp32 | fp16 | int8 | int4
     relctl.release_state            registering | released | registered | rejected | stopped
@@ -36,6 +37,7 @@ V = TypeVar("V")
 # Model version
 TRAINING_RUN = "relctl.training_run_id"
 RELEASE_RUN = "relctl.release_run_id"
+RELEASE_RUNS = "relctl.release_runs"          # comma-separated, oldest first (re-gates append)
 PRECISION = "relctl.precision"
 BACKEND = "relctl.backend"                 # the serving engine that built and serves the package
 SERVING_CONFIG_HASH = "relctl.serving_config_hash"
@@ -85,9 +87,9 @@ APPROVAL_SIGNATURE = "relctl.approval_signature"
 GATED_AGAINST = "relctl.gated_against"
 
 # The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
-VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE, SERVING_CONFIG_HASH,
-                          MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL, APPROVAL_SIGNATURE,
-                          GATED_AGAINST, OCI_DIGEST})
+VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, RELEASE_RUNS, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE,
+                          SERVING_CONFIG_HASH, MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL,
+                          APPROVAL_SIGNATURE, GATED_AGAINST, OCI_DIGEST})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
 
@@ -115,3 +117,21 @@ def gate_statuses(tags: dict[str, str]) -> dict[str, str]:
 def with_prefix(tags: dict[str, V], prefix: str) -> dict[str, V]:
     """The tags under `prefix`, keyed without it."""
     return {k.removeprefix(prefix): v for k, v in tags.items() if k.startswith(prefix)}
+
+
+def release_runs(tags: dict[str, str]) -> list[str]:
+    """Every release run of a version, oldest first: the one that registered its package, then each that
+    gated it again. Versions from before the history was kept name one run."""
+    listed = [r for r in tags.get(RELEASE_RUNS, "").split(",") if r]
+    if listed:
+        return listed
+    return [tags[RELEASE_RUN]] if tags.get(RELEASE_RUN) else []
+
+
+def with_release_run(tags: dict[str, str], run_id: str) -> str:
+    """The RELEASE_RUNS value once `run_id` gated the version again: appended, within a tag's length (the first
+    run, which holds the package, is always kept; the oldest re-gates make room)."""
+    runs = [r for r in release_runs(tags) if r != run_id] + [run_id]
+    while len(",".join(runs)) > TAG_VALUE_MAX and len(runs) > 2:
+        del runs[1]
+    return ",".join(runs)

@@ -146,7 +146,8 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
     run.set_tags(lineage_tags(lineage, package))
     run.log_artifacts(package.root, PACKAGE_ARTIFACT)
     info = log_model(run, package)
-    tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_STATE: state, **extra})
+    tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_RUNS: run.run_id,
+                                           T.RELEASE_STATE: state, **extra})
     registry.ensure_model(name, description=MODEL_INTRO)
     mv = registry.create_version(name, info.model_uri, run.run_id, tags, description, model_id=info.model_id)
     pause_point("register:version-created")
@@ -267,8 +268,11 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
             notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
             # This release's evidence replaces what the crashed one had recorded.
             # Adopted by this release: registering again (a canary cut short left it `stopped`).
+            # The crashed release's run keeps the package: it stays first in the version's release runs.
+            found = registry.get_version(i.model, version).tags
             registry.set_version_tags(i.model, version, version_tags(self.package, i.lineage, {
-                T.RELEASE_RUN: self.release.run_id, T.RELEASE_STATE: REGISTERING, **i.extra_tags}))
+                T.RELEASE_RUN: self.release.run_id, T.RELEASE_RUNS: T.with_release_run(found, self.release.run_id),
+                T.RELEASE_STATE: REGISTERING, **i.extra_tags}))
             registry.record_numbers(registry.get_version(i.model, version), self.release.run_id, i.numbers,
                                     i.details)
             registry.set_description(i.model, version, i.description)

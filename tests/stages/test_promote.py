@@ -83,7 +83,8 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     mv = registry.get_version(MODEL, "1")
     # A small stable set of tags, documented in the README; numbers are metrics; lineage lives on the release run.
     assert set(mv.tags) == {"relctl.training_run_id", "relctl.release_run_id", "lineage.git_commit",
-                            "relctl.precision", "relctl.backend", "relctl.release_state", "relctl.serving_config_hash",
+                            "relctl.release_runs", "relctl.precision", "relctl.backend", "relctl.release_state",
+                            "relctl.serving_config_hash",
                             "relctl.package_manifest_sha256", "relctl.package_content_sha256", "gate.eval.status",
                             "gate.safety.status", "gate.memory.status", "gate.load.status", "gate.canary.status"}
     assert documented_version_tags() >= {k for k in mv.tags if not k.endswith(".status")}
@@ -109,7 +110,9 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert logged["gate.load.error_rate"] == 0.0
     assert logged["validation.top1_agreement"] == report["validation"]["metrics"]["top1_agreement"]
     assert logged["memory.peak_bytes"] == report["memory"]["peak_bytes"]
-    assert "## Gates" in mv.description and "report/report.html" in mv.description
+    # The card leads with the verdict and the deciding figures; every other figure is behind its details link.
+    assert "## What decided it" in mv.description and "report/details.md" in mv.description
+    assert "| gate `load` | pass |" in mv.description and "| cost |" in mv.description
 
 
 def test_second_promote_moves_production_and_previous(story: dict[str, Any]) -> None:
@@ -135,7 +138,7 @@ def test_the_rolled_back_version_says_so_on_its_page(story: dict[str, Any]) -> N
     first = left.splitlines()[0]
     assert re.match(r"\*\*Rolled back\*\* on \S+ to v1 by \S+: test rollback\. This version no longer serves "
                     r"production", first), first
-    assert "Outcome: **released**" in left  # the release's own evidence is kept, below the rollback line
+    assert "**Released**: v2" in left  # the release's own evidence is kept, below the rollback line
     assert "Rolled back" not in back
 
 
@@ -171,6 +174,8 @@ def test_re_promoting_what_already_serves_records_the_new_evidence(story: dict[s
     tags = registry.get_version(MODEL, "1").tags
     assert tags["gate.eval.status"] == "pass" and tags["gate.load.status"] == "pass"
     assert report["release_run"] in registry.get_version(MODEL, "1").description
+    assert tags["relctl.release_run_id"] == report["release_run"]  # the run that gated it, not the first one
+    assert tags["relctl.release_runs"].split(",")[-1] == report["release_run"]
 
 
 def test_a_promote_without_gates_says_so_everywhere(story: dict[str, Any], tmp_path: Path) -> None:
@@ -362,14 +367,14 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
     assert links["`v1`"] == f"#/models/{MODEL}/versions/1"
     plots = {title: url for title, url in links.items() if "/artifactPath/plots/" in url}
     assert {"load: latency cdf", "memory: memory plan"} <= set(plots) and any(t.startswith("canary:") for t in plots)
-    assert "| metric | value | bound | production | result |" in card and "## Memory plan" in card
+    assert "## What decided it" in card and "| memory fit |" in card
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with mlflow_server(store.tracking_uri) as base:
         page = f"{base}/#/models/{MODEL}/versions/2"
         dom = chromium(page, tmp_path)
         chromium(page, tmp_path, SCREENSHOTS / "version-page.png")
-        assert f"{MODEL} — int4 ONNX" in dom and "Validation against the fp32 reference" in dom   # the card
-        assert "Memory plan" in dom and "relctl.release_run_id" in dom and "gate.canary.status" in dom
+        assert f"{MODEL} — int4 ONNX" in dom and "validation vs fp32" in dom   # the card
+        assert "memory fit" in dom and "relctl.release_run_id" in dom and "gate.canary.status" in dom
         for href in set(links.values()):  # the rendered card carries each link, and each one resolves
             assert f'href="{href}"' in dom, href
         assert release_run in chromium(f"{base}/{links[f'`{release_run}`']}", tmp_path)
@@ -446,12 +451,15 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
     assert chain["training_run"]["git_commit"] == tags.get("lineage.git_commit") == lineage.get("lineage.git_commit")
     assert chain["data_sha256"]["eval"] == lineage["lineage.data.eval.sha256"]
     assert len(chain["weights_sha256"]["model.safetensors"]) == 64 and len(chain["config_sha256"]) == 64
-    assert chain["release_run"]["outcome"] == "released" and chain["gates"]["eval"] == "pass"
+    # Production (v1 after the rollback) was gated again by a later promote: trace names that run.
+    assert chain["release_run"]["id"] == tags["relctl.release_run_id"]
+    assert chain["release_run"]["outcome"] in ("released", "re-gated") and chain["gates"]["eval"] == "pass"
     assert chain["integrity"]["ok"] is True and "serving_config_mismatch" not in chain
     text = relctl(project, "trace", f"{MODEL}:{production}")
     assert text.exit_code == 0 and story["runs"][int(production) - 1] in text.stdout and "verified" in text.stdout
-    # Tamper with the released package in the artifact store: trace names the file (and exits 1).
-    run_id = tags["relctl.release_run_id"]
+    # Tamper with the released package in the artifact store (in the release run that registered it, the
+    # first of the version's release runs): trace names the file (and exits 1).
+    run_id = tags.get("relctl.release_runs", tags["relctl.release_run_id"]).split(",")[0]
     root = Path(registry.client.get_run(run_id).info.artifact_uri.removeprefix("file://")) / "package"
     target = root / "model" / "genai_config.json"
     original = target.read_bytes()

@@ -18,8 +18,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import httpx
-
 from release.backends.base import ServerCommand
 from release.core.errors import InputError, StageFailed
 from release.core.subprocs import start_child, stop_child
@@ -119,6 +117,10 @@ class EngineProcess:
             self._proc = start_child(self.command.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         _running.append(self)
         timeout = float(os.environ.get(START_TIMEOUT_ENV, "900"))
+        # Imported here: choose_backend loads this module for every `relctl check`/`promote`, which then paid
+        # ~0.25 s for httpx before refusing a run.
+        import httpx  # noqa: PLC0415
+
         while True:
             if self._proc.poll() is not None:
                 raise StageFailed(f"vLLM exited with {self._proc.returncode} while starting: {self.log_tail()} "

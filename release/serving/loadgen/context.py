@@ -8,10 +8,12 @@ Rows whose length is given in tokens (public traces, request logs) are checked e
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
-
-import httpx
 
 from release.core.errors import InputError
 from release.serving.loadgen.dataset import Sample
@@ -36,11 +38,12 @@ def models_url(base_url: str) -> str:
 
 def discover(base_url: str, timeout_s: float = 10.0) -> EndpointInfo:
     """GET /v1/models: the first model's id and `max_model_len` (vLLM and relctl serve report it)."""
+    # urllib, not httpx: importing httpx and building its TLS context cost `relctl bench` ~0.25 s of CPU
+    # before its first request, for one GET.
     try:
-        resp = httpx.get(models_url(base_url), timeout=timeout_s)
-        resp.raise_for_status()
-        data = resp.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        with urllib.request.urlopen(models_url(base_url), timeout=timeout_s) as resp:
+            data = json.loads(resp.read()).get("data") or []
+    except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
         raise InputError(f"{base_url}: cannot list models ({exc.__class__.__name__})",
                          hint="check the URL and that the server is up, or pass --model NAME") from exc
     if not data or not isinstance(data[0], dict):
