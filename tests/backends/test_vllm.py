@@ -8,9 +8,9 @@ against a vLLM server, the load gate against `relctl serve` fronting vLLM. The s
 recipe at bf16 through vLLM and canaries it against the first: relctl's router in front of two `relctl
 serve` processes, each fronting its own vLLM, every response carrying its model:version. Then a rollback
 to the fp32 version, which `relctl serve` serves with relctl's identity headers, and `relctl trace`
-follows from that response back to its training run. vLLM starts six times (about a minute each on 2
-cores): per promote one server for validation + offline gates, then the load gate's (first) or the
-canary's two (second), and the final serve.
+follows from that response back to its training run. vLLM starts about seven times (a minute or more each
+on 2 cores): per promote the servers of validation and the offline gates, then the load gate's (first) or
+the canary's two (second), and the final serve.
 """
 
 from __future__ import annotations
@@ -218,16 +218,18 @@ def test_a_bf16_release_through_vllm_is_canaried_against_the_fp32_vllm_release(c
     assert canary["outcome"] == "pass" and canary["production_version"] == "1" and canary["candidate_version"] == "2"
     steps = yaml.safe_load((EXAMPLE / "release.yaml").read_text())["gates"]["canary"]["steps"]
     assert [check["weight"] for check in canary["checks"]] == steps
-    # Every answer of the canary, both sides, maps to model:version and the serving config vLLM ran with.
+    # Every answer of the canary, both sides, names the model:version and serving config that gave it: the
+    # 429s too (at the example's 25 requests/s, two vLLM engines on a shared 2-core machine shed load; the
+    # judge counts those against production's error rate, the candidate's must not rise above it).
     records = [json.loads(line) for line in Path(canary["records"]).read_text().splitlines() if line.strip()]
     sides = {"production": "1", "candidate": "2"}
-    assert {r["backend"] for r in records} == set(sides)
+    assert {r["backend"] for r in records if r["status"] == "ok"} == set(sides)
     for record in records:
-        assert record["status"] == "ok", record
         assert (record["model"], record["version"]) == (MODEL, sides[record["backend"]]), record
-        assert record["serving_config"], record
-    configs = {r["backend"]: r["serving_config"] for r in records}
-    assert configs["production"] != configs["candidate"]  # float32 vs bfloat16: two serving configs
+    # float32 and bfloat16 are two serving configs; the candidate's is the one its package records.
+    configs = {side: {r["serving_config"] for r in records if r["backend"] == side} for side in sides}
+    assert configs["candidate"] == {report["package"]["serving_config_hash"]}
+    assert len(configs["production"]) == 1 and configs["production"] != configs["candidate"]
 
 
 def test_rollback_to_the_fp32_vllm_release_serves_it_and_traces_it(released: dict[str, Any],
