@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from gates.base import GateContext, GatePhase, GateResult
 from release.canary.result import gate_result
 from release.canary.runner import run_canary
-from release.canary.servers import served
+from release.canary.servers import Registered, served
 from release.canary.settings import CanaryConfig
 from release.core.errors import ReleaseError
 
@@ -35,7 +35,8 @@ class CanaryGate:
         work.mkdir(parents=True, exist_ok=True)
         config = _with_dataset(self.config, context)
         try:
-            with served(context.production.package_dir, context.package_dir, work, config) as (prod, cand):
+            with served(context.production.package_dir, context.package_dir, work, config,
+                        _registered(context)) as (prod, cand):
                 result = run_canary(prod.url, cand.url, config, work, base_dir=context.config_dir,
                                     should_stop=context.should_stop)
                 servers = {"production": prod.info, "candidate": cand.info}
@@ -45,6 +46,14 @@ class CanaryGate:
         return gate_result(self.id, result, work, {"servers": servers,
                                                    "production_version": context.production.version,
                                                    "candidate_version": context.version})
+
+
+def _registered(context: GateContext) -> Registered | None:
+    """Both sides as registered versions when the pipeline says where their registry is (promote does):
+    then each answer's X-Relctl-Version names the version that gave it."""
+    if context.project_dir is None or context.version is None or context.production is None:
+        return None
+    return Registered(context.project_dir, context.model_name, context.production.version, context.version)
 
 
 def _with_dataset(config: CanaryConfig, context: GateContext) -> CanaryConfig:

@@ -34,6 +34,11 @@ class MergeConfig(Strict):
     enabled: bool = Field(True, description="fold a PEFT adapter found in the checkpoint into the base")
 
 
+class VllmConfig(Strict):
+    python: str | None = Field(None, description="vLLM's environment's python (relative to this file's folder); "
+                                                 "RELCTL_VLLM_PYTHON overrides it; default: .venv-vllm")
+
+
 class ConvertConfig(Strict):
     # Precisions, backends and providers are whatever the installed backends offer (release/backends/):
     # checked here, at config time, against them, so there is one source for each choice.
@@ -43,6 +48,7 @@ class ConvertConfig(Strict):
     execution_provider: str = Field("cpu", description="the device the model is built for (cpu, cuda, ...)")
     fp16_overflow: Literal["refuse", "warn"] = Field(
         "refuse", description="a weight above 65504 becomes Inf at fp16: refuse the release (exit 2) or warn")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="the vllm backend's engine environment")
 
     @field_validator("precision")
     @classmethod
@@ -158,9 +164,15 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     try:
-        return ReleaseConfig.model_validate(data)
+        config = ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
+    if config.convert.vllm.python is not None:
+        # Checked here, before anything slow, and handed to the engines relctl starts (children too).
+        from release.backends.vllm.engine import configure_python  # noqa: PLC0415 - only when configured
+
+        configure_python(config.convert.vllm.python, path.parent if path else Path.cwd(), label)
+    return config
 
 
 def gate_settings(path: Path, gate_id: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from release.canary.outcome import finish_canary, start_canary, unwind_canary
 from release.canary.runner import CanaryResult, run_canary
-from release.canary.servers import served
+from release.canary.servers import Registered, served
 from release.canary.settings import CanaryConfig
 from release.core.errors import InputError, ReleaseError
 from release.pipeline.versions import fetch_package
@@ -57,7 +57,8 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         start_canary(registry, model, candidate)
     say(f"canary {model}: v{candidate} against production v{production}")
     try:
-        with served(prod_pkg, cand_pkg, work, config) as (prod, cand):
+        registered = Registered(project_dir, model, production, candidate)
+        with served(prod_pkg, cand_pkg, work, config, registered) as (prod, cand):
             result = run_canary(prod.url, cand.url, config, work, base_dir,
                                 should_stop=production_moved(registry, model, production), progress=say)
     except ReleaseError as exc:

@@ -69,6 +69,9 @@ class GateContext:
     # Polled by long gates (the canary) between checks: a reason to stop at once (production moved by a
     # rollback, the release was interrupted), or None to go on.
     should_stop: Callable[[], str | None] | None = None
+    # The project whose registry holds `version` and production's: after-register gates that serve them
+    # (the canary) serve them by registry reference, so their answers name the version that gave them.
+    project_dir: Path | None = None
 
     def resolve(self, path: Path | str) -> Path:
         """`path` from a gate's config block, relative to release.yaml's folder (not the process's cwd)."""

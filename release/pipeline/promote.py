@@ -305,7 +305,8 @@ class Promotion:
         def context_for(gate_id: str) -> GateContext:
             return GateContext(model_name=name, package_dir=package.root, work_dir=work / gate_id,
                                production=production, eval_dataset=eval_data, config_dir=self._repo_anchor(),
-                               version=version, should_stop=self._stop_check(name, production, version))
+                               version=version, should_stop=self._stop_check(name, production, version),
+                               project_dir=self.project_dir)
 
         results = run_phase_gates(selected, context_for, self.progress, None)
         self.gate_results += results

