@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release.backends.vllm import built_for as vllm_built_for
 from release.core.errors import InputError
 from release.core.hashing import sha256_file
 from release.core.package import LEGACY_BACKEND, MANIFEST
@@ -27,8 +28,9 @@ from release.registry.records import VersionRecord
 # The memory plan's per-replica figure, as the release logged it (release/stages/memory.py).
 PER_REPLICA = f"{T.MEMORY_PREFIX}per_replica_bytes"
 VLLM = "vllm"
-# vLLM's dtypes (config.json) that only its CUDA build serves (relctl's vLLM backend builds them for cuda).
-GPU_ONLY_DTYPES = frozenset({"float16", "bfloat16"})
+# vLLM's dtypes (config.json) that only its CUDA build serves here (relctl builds fp16 for cuda only; bf16 and
+# fp32 for either, recorded in the package's config.json).
+GPU_ONLY_DTYPES = frozenset({"float16"})
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class VersionFacts:
     version: str
     backend: str = LEGACY_BACKEND
     # The device the package was built for: "cuda" (a CUDA build) or "cpu"; "unknown" when only MODEL/VERSION
-    # is known (nothing is refused then). vLLM's safetensors load on either; its fp16/bf16 packages only on CUDA.
+    # is known (nothing is refused then). vLLM's safetensors load on either; its fp16 packages only on CUDA.
     provider: str = "cpu"
     per_replica_bytes: int | None = None
     oci_uri: str | None = None                 # oci://HOST/REPO@sha256:..., set by `relctl publish`
@@ -67,7 +69,7 @@ def read_version_facts(registry: Registry, model: str, version: str) -> VersionF
         config = files.get("model/config.json", {})
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
         context = config.get("max_position_embeddings")
-        return VersionFacts(model, version, backend, "cuda" if dtype in GPU_ONLY_DTYPES else "cpu",
+        return VersionFacts(model, version, backend, vllm_built_for(config),
                             int(per_replica) if per_replica else None, oci,
                             int(context) if isinstance(context, int) else None, dtype)
     return VersionFacts(model, version, backend, _genai_provider(files.get("model/genai_config.json", {})),

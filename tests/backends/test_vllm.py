@@ -29,7 +29,7 @@ import httpx
 import pytest
 import yaml
 
-from release.backends.vllm import VllmBackend
+from release.backends.vllm import VllmBackend, built_for
 from release.backends.vllm.engine import PYTHON_ENV, engine_python
 from release.config import load_config
 from release.core.errors import ConfigError
@@ -126,7 +126,11 @@ def test_bf16_for_cpu_is_built_as_bf16_safetensors_and_served_at_bf16(monkeypatc
     raw = (out / "model.safetensors").read_bytes()
     header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     assert {t["dtype"] for name, t in header.items() if name != "__metadata__"} == {"BF16"}
-    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and config["relctl_execution_provider"] == "cpu"
+    # bf16 is built for either device: the plan and a deployment read the device the package records.
+    assert backend.memory_facts(out, "bf16").provider == "cpu"
+    assert built_for(config) == "cpu" and built_for({"dtype": "bfloat16"}) == "cuda"  # before the record: CUDA
     argv = backend.server_command(out, "m", "127.0.0.1", 8000).argv
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     assert backend.runtime_config(out)["dtype"] == "bfloat16"

@@ -65,6 +65,19 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (precision, execution provider) this backend builds: what vLLM's platform accepts and was run here (CPU), or
 # what vLLM's CUDA build serves (fp16/bf16, not validated on this machine: it has no GPU).
 COMBINATIONS = frozenset({("fp32", "cpu"), ("bf16", "cpu"), ("fp32", "cuda"), ("fp16", "cuda"), ("bf16", "cuda")})
+# The device a package was built for, recorded in its config.json: bf16 is built for either, so the dtype alone
+# cannot say (vLLM passes unknown config keys through untouched).
+BUILT_FOR_KEY = "relctl_execution_provider"
+
+
+def built_for(config: dict[str, Any]) -> str:
+    """"cpu" or "cuda": what the package's config.json records; a package from before the record (fp16/bf16 were
+    built only for CUDA then) is judged by its dtype."""
+    recorded = config.get(BUILT_FOR_KEY)
+    if recorded in ("cpu", "cuda"):
+        return str(recorded)
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return "cpu" if dtype == "float32" else "cuda"
 
 
 def head_dim(config: dict[str, Any]) -> int | None:
@@ -138,6 +151,7 @@ class VllmBackend(Backend):
         # vLLM reads the dtype from its --dtype flag; the config records what the weights hold.
         config = json.loads((out / "config.json").read_text())
         config["dtype"] = DTYPES[precision]
+        config[BUILT_FOR_KEY] = execution_provider
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         log_path.write_text(f"saved {checkpoint} as safetensors at {precision} with transformers "
                             f"{transformers.__version__}; copied {', '.join(copied)}\n")
@@ -162,8 +176,10 @@ class VllmBackend(Backend):
         weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
         precision = declared_precision or {v: k for k, v in DTYPES.items()}.get(self._dtype(model_dir), "fp32")
         kv_bytes = 4 if precision == "fp32" else 2
+        path = model_dir / "config.json"
+        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
         return MemoryFacts(weights_bytes=weights, kv_dtype_bytes=kv_bytes, precision=precision,
-                           provider="cpu" if precision == "fp32" else "cuda")
+                           provider=built_for(config))
 
     def engine_memory(self, model_dir: Path) -> EngineMemory:
         """vLLM's own start-up line for the folder, from the server validation and the gates share."""
