@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
+from release.pipeline.engines import engines_section
 from release.registry import tags as T
 
 # report.links labels the card builds sentences from
@@ -39,6 +40,8 @@ class ReleaseReport:
     # The production version the release was compared with: {"version", "metrics"} (its recorded numbers).
     production: dict[str, Any] | None = None
     plots: dict[str, str] = field(default_factory=dict)   # title -> artifact path in the release run
+    # engines: side by side (release/pipeline/engines.py): the plan, one row per engine, the choice and why.
+    engines: dict[str, Any] | None = None
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -102,6 +105,7 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         lines.append("")
     if report.memory:
         lines += memory_section(report.memory)
+    lines += engines_section(report.engines)
     if report.plots:
         lines += ["## Plots", *(f"- {_link(title, links.get(PLOT_LINK + title), code=False)}"
                                 f" (release run artifact `{path}`)" for title, path in report.plots.items()), ""]
@@ -172,6 +176,7 @@ def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
                   "| metric | value | bound | result |", "|---|---|---|---|"]
         lines += [f"| {c['metric']} | {_fmt(c['value'])} | {c['op']} {_fmt(c['bound'])} | "
                   f"{'pass' if c['passed'] else '**fail**'} |" for c in report.validation.get("checks", [])]
+    lines += ["", *engines_section(report.engines, "### Engines side by side")] if report.engines else []
     if gates_markdown:
         lines += ["", gates_markdown]
     return "\n".join(lines) + "\n"
