@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's relctl, as the other benchmarks
 EXAMPLE = ROOT / "examples" / "tiny-llm"
 RESULTS = Path(__file__).parent / "results" / "engines.json"
 RELCTL = Path(sys.executable).parent / "relctl"
@@ -71,7 +72,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-duration", type=float, default=4.0, help="seconds per sweep step")
     args = parser.parse_args()
-    env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("MLFLOW_TRACKING_URI", None)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +89,7 @@ def main() -> None:
         if not promote.stdout.strip():
             raise SystemExit(f"promote wrote no report (exit {promote.returncode}): {promote.stderr[-3000:]}")
         report = json.loads(promote.stdout)
-    from release.pipeline.engines import engines_table  # noqa: PLC0415 - the report's own table
+    from release.pipeline.engines import engines_table  # the report's own table
 
     engines = report.get("engines") or {}
     out = {"benchmark": "the example (head_dim 64) on onnxruntime-genai and vLLM: one promote, same prompts and "

@@ -118,7 +118,7 @@ def engine_problems(cfg: ReleaseConfig, config: dict[str, Any], gates: list[Gate
 
 def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[EngineConfig], EngineBuild],
                     context: Callable[[EngineConfig, Path], GateContext], progress: Progress) -> Comparison:
-    """Build and measure every entry of `engines:`, then choose (auto) or only tabulate (an explicit backend).
+    """Build and measure every entry of `engines:` (`decide` then chooses, or only tabulates).
 
     `build` runs the release's own stages for one entry; `context` gives the load gate's context for a
     package. A build that fails (an engine that will not start) is a rejected row, not the release's end."""
@@ -145,16 +145,19 @@ def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[Engi
         result = run_gate(_priced(gate, entry), context(entry, built.package_dir))
         progress.note(f"engines: {row.label}: load {result.status}: {result.reason}")
         _load(row, result)
-    comparison = Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate))
+    return Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate))
+
+
+def decide(comparison: Comparison, cfg: ReleaseConfig) -> EngineRow | None:
+    """auto: `choose` (Blocked when no row qualifies; the rows keep their reasons for the report). Otherwise
+    the row of convert's own engine, if listed: the table is evidence and chooses nothing."""
     if comparison.selection == "auto":
-        choose(comparison)
-    else:
-        released = next((r for r in rows if (r.engine, r.precision) == (cfg.convert.backend, cfg.convert.precision)),
-                        None)
-        comparison.chosen = released
-        comparison.why = [f"released on convert.backend {cfg.convert.backend} at {cfg.convert.precision} (set in "
-                          "release.yaml); the table is evidence, it chose nothing (convert.backend: auto would)"]
-    return comparison
+        return choose(comparison)
+    target = (cfg.convert.backend, cfg.convert.precision)
+    comparison.chosen = next((r for r in comparison.rows if (r.engine, r.precision) == target), None)
+    comparison.why = [f"released on convert.backend {target[0]} at {target[1]} (set in release.yaml); the table "
+                      "is evidence and chose nothing (convert.backend: auto would take the cheapest)"]
+    return comparison.chosen
 
 
 def choose(comparison: Comparison) -> EngineRow:

@@ -31,7 +31,7 @@ from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
 from release.pipeline.contract import check_run
-from release.pipeline.engines import EngineBuild, compare_engines
+from release.pipeline.engines import EngineBuild, compare_engines, decide
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
@@ -254,13 +254,14 @@ class Promotion:
             return GateContext(model_name=name, package_dir=package_dir, work_dir=work, production=None,
                                config_dir=self._repo_anchor())
 
+        comparison = compare_engines(self.cfg, gates, build, context, self.progress)
         try:
-            comparison = compare_engines(self.cfg, gates, build, context, self.progress)
+            chosen = decide(comparison, self.cfg)
         except Blocked as exc:
             report.block([exc.message])
             raise
-        report.engines = comparison.to_dict()
-        chosen = comparison.chosen
+        finally:  # the table, with each row's reason, whether or not an engine qualified
+            report.engines = comparison.to_dict()
         if comparison.selection != "auto" or chosen is None:
             return backend
         self.cfg = with_engine(EngineConfig(backend=chosen.engine, precision=chosen.precision))
