@@ -36,8 +36,9 @@ RELCTL = str(Path(sys.executable).with_name("relctl"))
 ENGINES = [{"backend": "onnxruntime-genai", "precision": "int4"},
            {"backend": "onnxruntime-genai", "precision": "fp32"},
            {"backend": "vllm", "precision": "fp32"}]
-# int4 of this model is far above it; fp32 on either engine is far below (vLLM vs PyTorch is ~1e-7).
-MAX_MEAN_KL = 1e-4
+# int4 of this model is far above it; fp32 on either engine is far below (onnxruntime-genai's fp32 is its own
+# reference: 0; vLLM's fp32 log-probabilities match PyTorch's to about 1e-6, a KL near 1e-12).
+MAX_MEAN_KL = 1e-6
 LOAD = {"traffic": {"arrival": "poisson", "rate": 4, "requests": 24, "seed": 3, "dataset": "traffic.jsonl"},
         "slos": {"ttft_p95_ms": 5000, "e2el_p99_ms": 20000, "max_error_rate": 0.0},
         "cost": {"gpu_price_per_hour": 2.0}, "sweep": True, "sweep_rates": [4, 8], "step_duration_s": 2}
@@ -46,7 +47,10 @@ LOAD = {"traffic": {"arrival": "poisson", "rate": 4, "requests": 24, "seed": 3, 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tinyllm = load_tinyllm()
-    config = tinyllm.TrainConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256, threads=2)
+    # The example's shape at head_dim 64, trained briefly: the engines are compared on this model, not judged
+    # on its task (no eval gate), and the recipe's full 250 steps take many minutes on a shared CPU.
+    config = tinyllm.TrainConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256, threads=2,
+                                 base_steps=30, lora_steps=10)
     trained = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("tiny-llm-hd64"), config)
     project = tmp_path_factory.mktemp("engines-project")
     example = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
