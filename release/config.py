@@ -112,6 +112,29 @@ class SigningConfig(Strict):
                               "warning. Only when trusted keys are configured")
 
 
+class EngineConfig(Strict):
+    """One entry of `engines:`: an engine and precision the release is measured on beside the others."""
+
+    backend: str = Field(description="a backend id (relctl backends lists them)")
+    precision: str = Field(description="a precision that backend builds")
+    gpu_price_per_hour: float | None = Field(
+        None, gt=0, description="this engine's accelerator price per hour; default gates.load.cost's")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        from release.backends import available_backends  # noqa: PLC0415 - entry points, only when validated
+
+        return _one_of("backend", value, list(available_backends()))
+
+    @field_validator("precision")
+    @classmethod
+    def _known_precision(cls, value: str) -> str:
+        from release.backends import installed_precisions  # noqa: PLC0415 - as above
+
+        return _one_of("precision", value, installed_precisions())
+
+
 class ReleaseConfig(Strict):
     model: str | None = Field(None, description="registered model name (letters, digits, '.', '_', '-'); "
                                                 "default: the run's experiment name")
@@ -124,12 +147,26 @@ class ReleaseConfig(Strict):
     require_approval: bool = Field(
         False, description="a version that passed its gates waits as `candidate` (state awaiting-approval; production "
                            "unmoved) until `relctl approve MODEL/VERSION --reason ...` records who approved it")
+    # Engines side by side (release/pipeline/engines.py): each is built, validated and load-tested on the
+    # same prompts and seeded load plan (gates.load); with convert.backend: auto the cheapest that meets
+    # quality and the SLOs is released, otherwise convert's engine is and the table is evidence.
+    engines: list[EngineConfig] = Field(
+        default_factory=list, description="engines to compare on one load plan: [{backend, precision}, ...]")
     require: list[str] = Field(
         default_factory=list,
         description="gate ids that must be configured and must pass (not skip) for a release, e.g. [eval, safety]")
     # Each gate validates its own block (gates/<id>.py); unknown gate ids are refused there. Last: the starter
     # release.yaml writes it as the commented-out tail of the file.
     gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("engines")
+    @classmethod
+    def _distinct_engines(cls, value: list[EngineConfig]) -> list[EngineConfig]:
+        seen = [(e.backend, e.precision) for e in value]
+        twice = next((pair for pair in seen if seen.count(pair) > 1), None)
+        if twice is not None:
+            raise ValueError(f"{twice[0]} at {twice[1]} is listed twice; list each engine and precision once")
+        return value
 
     @field_validator("model")
     @classmethod

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release.backends import Backend
+from release.backends import Backend, get_backend
 from release.canary.outcome import unwind_canary
-from release.config import ReleaseConfig
+from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_file
@@ -31,6 +31,7 @@ from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
 from release.pipeline.contract import ContractReport, require_contract
+from release.pipeline.engines import EngineBuild, compare_engines, decide, engines_section
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
@@ -63,7 +64,7 @@ from release.signing.keys import SigningKey, Trust, signing_key, trusted_keys
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
-from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
+from release.stages.memory import MemoryInputs, MemoryResult, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
@@ -88,7 +89,8 @@ class Promotion:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
         (report/details.md of the release run, written by _log_report)."""
         self._add_links(report)
-        sections: list[str] = []  # a section of its own (e.g. a table) goes here, between decision and details
+        # Sections of their own (tables) sit between the decision and the details link.
+        sections = ["\n".join(engines_section(report.engines))] if report.engines else []
         return model_card(report, sections)
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None,
@@ -176,6 +178,8 @@ class Promotion:
         report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
         self._check_precision_range(intake.result)
         checkpoint, upstream = self._merge(pipe, intake)
+        if self.cfg.engines:  # engines side by side; with convert.backend: auto the table picks the engine
+            backend = self._engines(pipe, intake, checkpoint, upstream, name, report, gates, backend)
         reference, candidate = self._convert(pipe, checkpoint, upstream, backend)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
         report.validation = validation.result.model_dump(mode="json")
@@ -183,10 +187,7 @@ class Promotion:
             report.block(validation.result.failures)
             raise Blocked(f"validation failed: {validation.result.failures[0]}",
                           hint=after_validation_failure(self.cfg.convert.precision))
-        memory = pipe.run(MemoryStage(MemoryInputs(
-            candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
-            backend=candidate.result.backend, runtime_dir=candidate.path(candidate.result.model),
-            config_path=checkpoint / "config.json")))
+        memory = self._memory(pipe, candidate, checkpoint)
         report.memory = memory.result.estimate
         if not memory.result.fits:
             e = memory.result.estimate
@@ -225,6 +226,60 @@ class Promotion:
             self._after_register(run, name, package, intake, report, production, registered, later)
         elif self.cfg.require_approval:
             self._await_approval(run, name, registered, report, production)
+
+    def _memory(self, pipe: Pipeline, candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[MemoryResult]:
+        return pipe.run(MemoryStage(MemoryInputs(
+            candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
+            backend=candidate.result.backend, runtime_dir=candidate.path(candidate.result.model),
+            config_path=checkpoint / "config.json")))
+
+    def _engines(self, pipe: Pipeline, intake: Done[IntakeResult], checkpoint: Path, upstream: str, name: str,
+                 report: ReleaseReport, gates: list[Gate], backend: Backend) -> Backend:
+        """Each entry of engines: built by this release's own stages (with convert swapped to it, so the one
+        released resumes from the same folders) and load-tested by the load gate; returns the backend to
+        release: the cheapest that met quality and the SLOs under convert.backend: auto, else convert's."""
+        released_cfg = self.cfg
+
+        def with_engine(entry: EngineConfig) -> ReleaseConfig:
+            convert = released_cfg.convert.model_copy(update={"backend": entry.backend, "precision": entry.precision})
+            return released_cfg.model_copy(update={"convert": convert})
+
+        def build(entry: EngineConfig) -> EngineBuild:
+            self.cfg = with_engine(entry)
+            try:
+                reference, candidate = self._convert(pipe, checkpoint, upstream, get_backend(entry.backend))
+                validation = self._validate(pipe, intake, reference, candidate, checkpoint)
+                verdict = validation.result.model_dump(mode="json")
+                if not validation.result.passed:
+                    return EngineBuild(verdict)
+                memory = self._memory(pipe, candidate, checkpoint).result.estimate
+                # The same package fields as the release's own: the engine taken resumes this folder.
+                scratch = ReleaseReport(model=name, training_run=report.training_run, release_run=None,
+                                        precision=entry.precision, lineage=report.lineage, validation=verdict)
+                package = self._package(pipe, name, scratch, candidate, checkpoint, validation)
+                return EngineBuild(verdict, package.root, memory, scratch.package.get("content_sha256"))
+            finally:
+                self.cfg = released_cfg
+
+        def context(entry: EngineConfig, package_dir: Path) -> GateContext:
+            work = intake.dir.parent / "engines" / f"{entry.backend}-{entry.precision}" / "load"
+            return GateContext(model_name=name, package_dir=package_dir, work_dir=work, production=None,
+                               config_dir=self._repo_anchor())
+
+        comparison = compare_engines(self.cfg, gates, build, context, self.progress)
+        try:
+            chosen = decide(comparison, self.cfg)
+        except Blocked as exc:
+            report.block([exc.message])
+            raise
+        finally:  # the table, with each row's reason, whether or not an engine qualified
+            report.engines = comparison.to_dict()
+        if comparison.selection != "auto" or chosen is None:
+            return backend
+        self.cfg = with_engine(EngineConfig(backend=chosen.engine, precision=chosen.precision))
+        report.precision = chosen.precision
+        self.progress.note(comparison.why[0])
+        return get_backend(chosen.engine)
 
     def _check_precision_range(self, intake: IntakeResult) -> None:
         if self.cfg.convert.precision != "fp16" or not intake.fp16_overflow:
@@ -290,7 +345,8 @@ class Promotion:
         manifest = verify_package(out.path(out.result.package))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
                           "content_sha256": reg.content_sha256(manifest),
-                          "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files)}
+                          "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files),
+                          "backend": manifest.backend_id}
         return manifest
 
     def _gates(self, phase: GatePhase, gates: list[Gate], name: str, package: PackageManifest,

@@ -7,6 +7,7 @@ from typing import Any
 
 from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
 from release.core.units import size
+from release.pipeline.engines import engines_section
 from release.registry import tags as T
 
 # report.links labels the card builds sentences from
@@ -42,6 +43,8 @@ class ReleaseReport:
     plots: dict[str, str] = field(default_factory=dict)   # title -> artifact path in the release run
     # A re-gate: every release run of the version, oldest first (the first registered and holds the package).
     release_runs: list[str] = field(default_factory=list)
+    # engines: side by side (release/pipeline/engines.py): the plan, one row per engine, the choice and why.
+    engines: dict[str, Any] | None = None
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -81,12 +84,21 @@ DETAILS_LINK = "every figure (details)"
 MAX_FIGURES = 3                          # deciding figures per row; the rest are in the details
 
 
+# What the card's title calls a package, by the backend that built it (older reports name none: ONNX then).
+ENGINE_NAMES = {"onnxruntime-genai": "ONNX", "vllm": "vLLM"}
+
+
+def _engine_name(report: ReleaseReport) -> str:
+    backend = str(report.package.get("backend") or "onnxruntime-genai")
+    return ENGINE_NAMES.get(backend, backend)
+
+
 def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
     """Markdown shown as the registered version's description in the MLflow UI: the verdict and the few
     figures that decide it (validation, each gate's deciding numbers, memory fit, cost), one line per extra
     section, then the plots, lineage and links. Every other figure is in the details artifact it links."""
     links = report.links
-    lines = [f"# {report.model} — {report.precision} ONNX", "",
+    lines = [f"# {report.model} — {report.precision} {_engine_name(report)}", "",
              f"**{VERDICT.get(report.outcome, report.outcome)}**: {_verdict(report)}{_against(report)}", "",
              _provenance(report), ""]
     lines += decision_table(report)
@@ -293,6 +305,7 @@ def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
                   "| metric | value | bound | result |", "|---|---|---|---|"]
         lines += [f"| {c['metric']} | {_fmt(c['value'])} | {c['op']} {_fmt(c['bound'])} | "
                   f"{'pass' if c['passed'] else '**fail**'} |" for c in report.validation.get("checks", [])]
+    lines += ["", *engines_section(report.engines, "### Engines side by side")] if report.engines else []
     if gates_markdown:
         lines += ["", gates_markdown]
     return "\n".join(lines) + "\n"
