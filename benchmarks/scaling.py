@@ -45,6 +45,8 @@ RELCTL = Path(sys.executable).parent / "relctl"
 CACHE = Path(os.environ.get("RELCTL_SCALING_CACHE", "/tmp/relctl-scaling"))
 # The published Qwen2.5 shapes (config.json of Qwen/Qwen2.5-0.5B, -1.5B, -3B).
 SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 256},  # a smoke test of the benchmark itself
     "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "intermediate_size": 4864},
     "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,

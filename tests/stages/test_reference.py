@@ -115,7 +115,7 @@ def test_int4_promote_runs_the_builder_once_and_fp32_compares_with_pytorch(tmp_p
     work = project / ".relctl" / "work"
     # Every builder run leaves its command line in a convert log: one per promote, none for the reference.
     logs = sorted(work.rglob("*.convert.log"))
-    runs = [log for log in logs if "onnxruntime_genai.models.builder" in log.read_text().splitlines()[0]]
+    runs = [log for log in logs if "build_process" in log.read_text().splitlines()[0]]
     assert len(runs) == 2 and {p.parent.name.split("-")[0] for p in runs} == {"convert"}
     # One reference for both precisions (its fingerprint has no precision in it), and no ONNX in it.
     (reference,) = [p for p in work.glob("*/reference-*") if p.is_dir()]

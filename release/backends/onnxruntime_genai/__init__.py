@@ -82,8 +82,10 @@ class OnnxruntimeGenaiBackend(Backend):
                log_path: Path) -> ExportResult:
         from release.backends.onnxruntime_genai import builder  # noqa: PLC0415 - loads onnxruntime_genai
 
-        builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
+        peak = builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
         notes = builder.align_tokenizer(checkpoint, out)
+        if peak is not None:
+            notes.append(f"model builder peak RSS {peak / 1e9:.2f} GB")
         parity = builder.check_tokenizer_parity(checkpoint, out)
         return ExportResult(versions=tool_versions(), tokenizer_parity=parity, notes=notes)
 
