@@ -33,12 +33,12 @@ def widen_while_running(model: Any, torch: Any) -> int:
 
         def widen(mod: Any, args: Any, params: list[Any] = params) -> None:
             for p in params:
-                p._stored = p.data  # noqa: SLF001 - a plain attribute on the Parameter, restored below
+                p._stored = p.data
                 p.data = p.data.float()
 
         def restore(mod: Any, args: Any, output: Any, params: list[Any] = params) -> None:
             for p in params:
-                p.data = p._stored  # noqa: SLF001
+                p.data = p._stored
                 del p._stored
 
         module.register_forward_pre_hook(widen)

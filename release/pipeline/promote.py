@@ -59,10 +59,10 @@ from release.signing.keys import SigningKey, Trust, signing_key, trusted_keys
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
-from release.stages.reference import ReferenceInputs, ReferenceResult, ReferenceStage
 from release.stages.memory import MemoryInputs, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
+from release.stages.reference import ReferenceInputs, ReferenceResult, ReferenceStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
 
 

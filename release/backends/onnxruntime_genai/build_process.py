@@ -117,7 +117,7 @@ def install() -> None:
     def to_nbits(self: Any) -> Any:
         return quantize_streaming(self) if _plain_case(self) else original(self)
 
-    Model.to_nbits = to_nbits  # type: ignore[method-assign]
+    Model.to_nbits = to_nbits
 
 
 def main() -> None:
