@@ -21,6 +21,8 @@ from tokenizers import Tokenizer
 from release.backends.base import Generation
 from release.backends.vllm.model import FolderFacts
 
+BATCH = 8  # prompts per forward pass: a weight read serves them all; logits memory grows with it
+
 
 def widen_while_running(model: Any, torch: Any) -> int:
     """Make every module whose own parameters are not fp32 run on an fp32 copy of them, made just before
@@ -78,24 +80,49 @@ class TorchReference(FolderFacts):
         return np.asarray(out.logits[0].float().numpy(), dtype=np.float32)
 
     def generate_with_logits(self, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], np.ndarray]:
-        """Greedy continuation and the teacher-forced logits of prompt + continuation, from one pass with
-        the KV cache: the prompt's forward gives its rows, each generated token's forward the next row
-        (one forward per token instead of generating and then running the whole sequence again)."""
-        generated: list[int] = []
-        rows: list[np.ndarray] = []
-        past, step = None, list(input_ids)
-        while True:
-            with self._torch.no_grad():
-                out = self._model(self._torch.tensor([step]), past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            rows.append(np.asarray(out.logits[0].float().numpy(), dtype=np.float32))
-            if (len(generated) >= max_new_tokens or len(input_ids) + len(generated) >= self._context
-                    or (generated and generated[-1] in self._eos)):
-                break
-            token = int(out.logits[0, -1].argmax())
-            generated.append(token)
-            step = [token]
-        return generated, np.concatenate(rows)
+        """Greedy continuation and the teacher-forced logits of prompt + continuation."""
+        return self.batch_generate_with_logits([input_ids], max_new_tokens)[0]
+
+    def batch_generate_with_logits(self, prompts: list[list[int]], max_new_tokens: int
+                                   ) -> list[tuple[list[int], np.ndarray]]:
+        """For each prompt, its greedy continuation and the teacher-forced logits of prompt + continuation,
+        BATCH prompts at a time (left-padded, masked): one pass over the weights serves the whole batch, so
+        the reference costs a forward per generated token per batch, not per prompt."""
+        out: list[tuple[list[int], np.ndarray]] = []
+        for start in range(0, len(prompts), BATCH):
+            out += self._batch(prompts[start:start + BATCH], max_new_tokens)
+        return out
+
+    def _batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], np.ndarray]]:
+        torch = self._torch
+        new = max(0, min(max_new_tokens, self._context - max(len(p) for p in prompts)))
+        pad = self._eos[0] if self._eos else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        continuations: list[list[int]] = [[] for _ in prompts]
+        if new:
+            with torch.no_grad():
+                generated = self._model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                                                 do_sample=False, num_beams=1, pad_token_id=pad,
+                                                 eos_token_id=self._eos or None)
+            for row, tokens in enumerate(generated[:, width:].tolist()):
+                for token in tokens:
+                    continuations[row].append(int(token))
+                    if token in self._eos:
+                        break
+        results = []
+        full = [p + c for p, c in zip(prompts, continuations, strict=True)]
+        length = max(len(f) for f in full)
+        ids = torch.tensor([[pad] * (length - len(f)) + f for f in full])
+        mask = torch.tensor([[0] * (length - len(f)) + [1] * len(f) for f in full])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = self._model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        for row, f in enumerate(full):
+            results.append((continuations[row], np.asarray(logits[row, length - len(f):].float().numpy(),
+                                                           dtype=np.float32)))
+        return results
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
         generated: list[int] = []

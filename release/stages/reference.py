@@ -45,7 +45,7 @@ class PromptReference:
     ids: list[int]
     continuation: list[int]
     top_ids: np.ndarray      # int32 (positions, k)
-    top_logprobs: np.ndarray  # float32 (positions, k)
+    top_logprobs: np.ndarray  # float64 (positions, k)
     next_logprobs: np.ndarray  # float64 (positions - 1,)
     vocab: int
 
@@ -72,21 +72,20 @@ def summarize(ids: list[int], continuation: list[int], logits: np.ndarray) -> Pr
     top = np.take_along_axis(top, order, axis=-1)
     sequence = np.asarray(ids + continuation)
     return PromptReference(ids=list(ids), continuation=list(continuation), top_ids=top.astype(np.int32),
-                           top_logprobs=logp[rows, top].astype(np.float32),
+                           top_logprobs=logp[rows, top],
                            next_logprobs=logp[np.arange(len(sequence) - 1), sequence[1:]], vocab=vocab)
 
 
 def compute(reference: LoadedModel, token_ids: list[list[int]], max_new_tokens: int) -> list[PromptReference]:
     """Each prompt's continuation and summarized logits from `reference`."""
+    batched = getattr(reference, "batch_generate_with_logits", None)
+    if batched is not None:  # a batch per weight pass (release/backends/torch_reference.py)
+        return [summarize(ids, continuation, logits)
+                for ids, (continuation, logits) in zip(token_ids, batched(token_ids, max_new_tokens), strict=True)]
     out = []
     for ids in token_ids:
-        both = getattr(reference, "generate_with_logits", None)
-        if both is not None:  # one pass with the KV cache (release/backends/torch_reference.py)
-            continuation, logits = both(ids, max_new_tokens)
-        else:
-            continuation = reference.generate_ids(ids, max_new_tokens)
-            logits = reference.logits(ids + continuation)
-        out.append(summarize(ids, continuation, logits))
+        continuation = reference.generate_ids(ids, max_new_tokens)
+        out.append(summarize(ids, continuation, reference.logits(ids + continuation)))
     return out
 
 
