@@ -222,6 +222,36 @@ def builder_alone(ckpt: Path, precision: str, work: Path) -> dict[str, Any]:
     return result
 
 
+# Published parameter counts of the sizes the fit extrapolates to (bf16 checkpoints: 2 bytes a parameter).
+TARGETS = {"8B": 8.03e9, "70B": 70.6e9}
+
+
+def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
+    """Least-squares line through (checkpoint bytes, measure) per precision over the measured sizes, read at
+    the TARGETS: peak RSS, work-folder disk and wall minutes a release runner needs (time on this 2-core
+    machine under its measured load; a line, since every stage streams or runs the model once)."""
+    out: dict[str, Any] = {}
+    for precision in ("int4", "fp32"):
+        points = [r for k, r in rows.items() if k.startswith(f"{label}/") and r["precision"] == precision
+                  and r["exit_code"] == 0 and r["size"] != "tiny"]
+        if len({r["checkpoint_bytes"] for r in points}) < 2:
+            continue
+        x = [float(r["checkpoint_bytes"]) for r in points]
+        line: dict[str, list[float]] = {}
+        for key, values in (("peak_rss_bytes", [float(r["peak_rss_bytes"]) for r in points]),
+                            ("work_disk_bytes", [float(r["work_disk_bytes"]) for r in points]),
+                            ("minutes", [r["total_s"] / 60 for r in points])):
+            n = len(x)
+            mx, my = sum(x) / n, sum(values) / n
+            slope = sum((a - mx) * (b - my) for a, b in zip(x, values, strict=True)) / sum((a - mx) ** 2 for a in x)
+            line[key] = [slope, my - slope * mx]
+        out[precision] = {name: {key: round(a * 2 * params + b, 1 if key == "minutes" else None)
+                                 for key, (a, b) in line.items()} | {"checkpoint_bytes": int(2 * params)}
+                          for name, params in TARGETS.items()}
+        out[precision]["per_checkpoint_byte"] = {key: a for key, (a, _) in line.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.5b", help=f"comma-separated, of {', '.join(SHAPES)}")
@@ -245,6 +275,7 @@ def main() -> None:
             shutil.rmtree(args.work / f"{size}-{precision}", ignore_errors=True)
             print(json.dumps(row, indent=2))
             results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
+            results["fit"] = fit(rows)
             RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 

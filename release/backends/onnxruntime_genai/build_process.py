@@ -6,7 +6,8 @@ The builder makes the whole fp32 graph lazily (each weight is computed from the 
 is written), but at int4/int8 its `to_nbits` first serializes that whole graph to one in-memory protobuf
 (every weight at fp32: twice a bf16 checkpoint) and hands it to onnxruntime's MatMulNBitsQuantizer, which
 copies weights again. `quantize_streaming` does what that quantizer does for the builder's plain case
-(the default RTN method, QOperator MatMulNBits, MatMul weights only, no per-node overrides) one weight
+(the default RTN method, QOperator MatMulNBits, MatMul weights, no embedding Gather to quantize, no
+per-node overrides) one weight
 at a time on the lazy graph: materialize one fp32 weight, quantize it with the same onnxruntime kernel
 (quantize_matmul_4bits / 8bits), replace the node by the same MatMulNBits node (same names, attributes
 and bytes), drop the fp32 copy. Every other configuration goes through the builder's own `to_nbits`.
@@ -32,7 +33,12 @@ def _plain_case(model: Any) -> bool:
             and not getattr(model, "int4_customized_weight_config", None)
             and not getattr(model, "exact_quant_overrides", None)
             and not getattr(model, "exact_quant_override_names", None)
-            and not attrs["use_qdq"] and set(attrs["op_types_to_quantize"]) == {"MatMul"}
+            and not attrs["use_qdq"] and "MatMul" in attrs["op_types_to_quantize"]
+            and set(attrs["op_types_to_quantize"]) <= {"MatMul", "Gather"}
+            # "Gather" (int4's default) only matters for an embedding Gather on a constant table; a tied
+            # model's embedding is the builder's own GatherBlockQuantized reading lm_head's int4 weight.
+            and not any(node.op_type == "Gather" and node.inputs[0] is not None
+                        and node.inputs[0].const_value is not None for node in model.model.graph)
             and model.ep == "cpu"
             and not any(attr.type in (_ir().AttributeType.GRAPH, _ir().AttributeType.GRAPHS)
                         for node in model.model.graph for attr in node.attributes.values()))
@@ -59,6 +65,7 @@ def quantize_streaming(model: Any) -> Any:
     kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
     graph = model.model.graph
     model.model.opset_imports["com.microsoft"] = 1
+    count = 0
     for node in list(graph):
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.name in excluded:
             continue
@@ -80,6 +87,7 @@ def quantize_streaming(model: Any) -> Any:
         scales = np.zeros((cols, k_blocks), dtype=fp32.dtype)
         kernel(packed, fp32, scales, zero_point, block_size, cols, rows, symmetric)
         del fp32
+        count += 1
         inputs = [node.inputs[0]]
         for name, array in ((f"{weight.name}_Q{bits}", packed), (f"{weight.name}_scales", scales),
                             *(((f"{weight.name}_zero_points", zero_point),) if not symmetric else ())):
@@ -91,33 +99,39 @@ def quantize_streaming(model: Any) -> Any:
         if accuracy:
             attributes["accuracy_level"] = int(accuracy)
         output = node.outputs[0]
-        replacement = ir.Node("com.microsoft", "MatMulNBits", inputs, attributes=attributes,
+        replacement = ir.Node("com.microsoft", "MatMulNBits", inputs,
+                              attributes=ir.convenience.convert_attributes(dict(sorted(attributes.items()))),
                               name=f"{node.name}_Q{bits}" if node.name else "", num_outputs=1)
         graph.insert_before(node, replacement)
         new_output = replacement.outputs[0]
         new_output.shape, new_output.type = output.shape, output.type
-        ir.convenience.replace_all_uses_with(output, new_output)
-        for i, graph_output in enumerate(graph.outputs):
-            if graph_output is output:
-                graph.outputs[i] = new_output
         name = output.name
+        output.replace_all_uses_with(new_output, replace_graph_outputs=True)
         graph.remove(node, safe=True)
         new_output.name = name
         if not weight.uses():
             graph.initializers.pop(weight.name)  # the fp32 weight (and the checkpoint tensor it reads) goes
+    # Read by the tests and the convert log's reader: the streaming path ran.
+    print(f"relctl: quantized {count} MatMul weights one at a time", flush=True)
     return model.model
 
 
 def install() -> None:
-    """Route the builder's plain-case quantization through quantize_streaming."""
-    from onnxruntime_genai.models.builders.base import Model  # noqa: PLC0415
+    """Route the builder's plain-case quantization through quantize_streaming. The builder imports its
+    classes as the top-level `builders` package (onnxruntime_genai.models puts its folder on sys.path), a
+    module object apart from onnxruntime_genai.models.builders: both are patched."""
+    import importlib  # noqa: PLC0415
 
-    original = Model.to_nbits
+    import onnxruntime_genai.models  # noqa: PLC0415, F401 - puts the builder's folder on sys.path
 
-    def to_nbits(self: Any) -> Any:
-        return quantize_streaming(self) if _plain_case(self) else original(self)
+    for module_name in ("builders.base", "onnxruntime_genai.models.builders.base"):
+        model_class = importlib.import_module(module_name).Model
+        original = model_class.to_nbits
 
-    Model.to_nbits = to_nbits
+        def to_nbits(self: Any, original: Any = original) -> Any:
+            return quantize_streaming(self) if _plain_case(self) else original(self)
+
+        model_class.to_nbits = to_nbits
 
 
 def main() -> None:
