@@ -260,8 +260,6 @@ def main() -> None:
     parser.add_argument("--label", default="after", help="key the rows are stored under (before/after a change)")
     parser.add_argument("--work", type=Path, default=CACHE / "work")
     args = parser.parse_args()
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-    rows = results.setdefault("rows", {})
     for size in args.sizes.split(","):
         ckpt = checkpoint(size)
         for precision in args.precisions.split(","):
@@ -271,9 +269,12 @@ def main() -> None:
             if not args.no_floors:
                 row["floors"]["builder_alone"] = builder_alone(ckpt, precision, args.work)
             row["loadavg"] = [load_before, os.getloadavg()]
-            rows[f"{args.label}/{size}/{precision}"] = row
             shutil.rmtree(args.work / f"{size}-{precision}", ignore_errors=True)
             print(json.dumps(row, indent=2))
+            # Read again just before writing: another invocation (another size) may have written meanwhile.
+            results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+            rows = results.setdefault("rows", {})
+            rows[f"{args.label}/{size}/{precision}"] = row
             results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
             results["fit"] = fit(rows)
             RESULTS.write_text(json.dumps(results, indent=2) + "\n")

@@ -74,19 +74,34 @@ def quantize_streaming(model: Any) -> Any:
             continue
         if len(weight.shape or ()) != 2:
             continue  # the quantizer reshapes N-D weights; the builder's decoders have none
-        fp32 = np.ascontiguousarray(weight.const_value.numpy())
-        if fp32.dtype != np.float32:
-            continue  # fp16/bf16 graphs are GPU builds: left to the builder's own path (not the plain case)
-        rows, cols = fp32.shape
+        source = _lazy_source(weight.const_value)
+        if source is None:
+            whole = np.ascontiguousarray(weight.const_value.numpy())
+            if whole.dtype != np.float32:
+                continue  # fp16/bf16 graphs are GPU builds: left to the builder's own path (not the plain case)
+            rows, cols = whole.shape
+        else:
+            whole = None
+            rows, cols = (int(d) for d in source.shape)
         kpack = 8 // bits
         k_blocks = (rows + block_size - 1) // block_size
-        if k_blocks * block_size > rows:
-            fp32 = np.pad(fp32, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
         packed = np.zeros((cols, k_blocks, (block_size + kpack - 1) // kpack), dtype="uint8")
         zero_point = np.zeros((cols, (k_blocks + kpack - 1) // kpack), dtype="uint8")
-        scales = np.zeros((cols, k_blocks), dtype=fp32.dtype)
-        kernel(packed, fp32, scales, zero_point, block_size, cols, rows, symmetric)
-        del fp32
+        scales = np.zeros((cols, k_blocks), dtype=np.float32)
+        # Columns are quantized independently (blocks run down a column), so a slice of columns at a
+        # time gives the same bytes while the fp32 copy is a slice, not the whole weight (lm_head: ~1 GB).
+        for c0 in range(0, cols, COLUMNS):
+            c1 = min(cols, c0 + COLUMNS)
+            if whole is not None:
+                part = np.ascontiguousarray(whole[:, c0:c1])
+            else:
+                part = np.ascontiguousarray(source[:, c0:c1].float().numpy())
+            if k_blocks * block_size > rows:
+                part = np.pad(part, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
+            p_packed, p_zero, p_scales = packed[c0:c1].copy(), zero_point[c0:c1].copy(), scales[c0:c1].copy()
+            kernel(p_packed, part, p_scales, p_zero, block_size, c1 - c0, rows, symmetric)
+            packed[c0:c1], zero_point[c0:c1], scales[c0:c1] = p_packed, p_zero, p_scales
+        del whole
         count += 1
         inputs = [node.inputs[0]]
         for name, array in ((f"{weight.name}_Q{bits}", packed), (f"{weight.name}_scales", scales),
@@ -114,6 +129,26 @@ def quantize_streaming(model: Any) -> Any:
     # Read by the tests and the convert log's reader: the streaming path ran.
     print(f"relctl: quantized {count} MatMul weights one at a time", flush=True)
     return model.model
+
+
+COLUMNS = 4096
+
+
+def _lazy_source(tensor: Any) -> Any:
+    """The torch tensor a builder LazyTensor casts to fp32 when it is read (make_initializer's `to=` mode:
+    the closure's `tensor`), when it is a 2-D floating torch tensor; else None (read the value whole)."""
+    func = getattr(tensor, "_func", None)
+    if func is None or getattr(tensor, "dtype", None) != _ir().DataType.FLOAT or not func.__closure__:
+        return None
+    import torch  # noqa: PLC0415 - the builder's own dependency
+
+    names = func.__code__.co_freevars
+    cells = dict(zip(names, (c.cell_contents for c in func.__closure__), strict=True))
+    source = cells.get("tensor")
+    if isinstance(source, torch.Tensor) and source.dim() == 2 and source.is_floating_point() \
+            and tuple(source.shape) == tuple(int(d) for d in tensor.shape):
+        return source
+    return None
 
 
 def install() -> None:
