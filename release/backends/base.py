@@ -194,6 +194,9 @@ class Backend(ABC):
     runtime_files: ClassVar[tuple[str, ...]]
     # Words for `relctl backends` and refusals: which families it takes.
     families: ClassVar[str] = ""
+    # Whether validation's reference is the merged checkpoint itself (`load_reference(checkpoint)`, computed
+    # once by the reference stage) rather than an fp32 build of this backend (`load_reference(build)`).
+    reference_from_checkpoint: ClassVar[bool] = False
 
     # -- what it takes ---------------------------------------------------------------------------
     @abstractmethod
@@ -229,8 +232,10 @@ class Backend(ABC):
         """Load a built folder for validation and the offline gates."""
 
     def load_reference(self, model_dir: Path) -> LoadedModel:
-        """The fp32 reference build, for validation to compare the candidate with (default: `load`). A
-        backend whose engine runs out of process may compute it in relctl's environment instead."""
+        """The reference validation compares the candidate with: given the fp32 reference build (default:
+        `load` it), or the merged checkpoint when `reference_from_checkpoint` (then typically
+        release.backends.torch_reference.TorchReference). A backend whose engine runs out of process may
+        compute it in relctl's environment instead."""
         return self.load(model_dir)
 
     def runtime_config(self, model_dir: Path) -> dict[str, Any]:

@@ -9,8 +9,32 @@ from typing import Any
 
 CHUNK = 4 * 1024 * 1024
 
+# Digests computed while a file was read for another purpose (intake's NaN scan hashes each weight file in
+# the same pass), keyed by the file's identity and change stamps: a later sha256_file of the unchanged file
+# (lineage, the stage manifest) costs a stat, not another read of gigabytes. Any write changes st_ctime_ns
+# (which no user call can set back), so a changed file is always read again.
+_known: dict[tuple[int, int, int, int, int], str] = {}
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int, int]:
+    st = path.stat()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def remember(path: Path, stamp: tuple[int, int, int, int, int], digest: str) -> None:
+    """Record `digest` as the sha256 of `path` as it was at `stamp` (taken before the read that hashed it)."""
+    if _stamp(path) == stamp:
+        _known[stamp] = digest
+
+
+def file_stamp(path: Path) -> tuple[int, int, int, int, int]:
+    return _stamp(path)
+
 
 def sha256_file(path: Path) -> str:
+    known = _known.get(_stamp(path))
+    if known is not None:
+        return known
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(CHUNK):

@@ -67,6 +67,7 @@ from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
 from release.stages.memory import MemoryInputs, MemoryResult, MemoryStage, memory_settings
 from release.stages.merge import MergeInputs, MergeStage
 from release.stages.package import PackageInputs, PackageStage
+from release.stages.reference import ReferenceInputs, ReferenceResult, ReferenceStage
 from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
 
 
@@ -180,7 +181,7 @@ class Promotion:
         checkpoint, upstream = self._merge(pipe, intake)
         if self.cfg.engines:  # engines side by side; with convert.backend: auto the table picks the engine
             backend = self._engines(pipe, intake, checkpoint, upstream, name, report, gates, backend)
-        reference, candidate = self._convert(pipe, checkpoint, upstream, backend)
+        reference, candidate = self._convert(pipe, intake, checkpoint, upstream, backend)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
         report.validation = validation.result.model_dump(mode="json")
         if not validation.result.passed:
@@ -247,7 +248,7 @@ class Promotion:
         def build(entry: EngineConfig) -> EngineBuild:
             self.cfg = with_engine(entry)
             try:
-                reference, candidate = self._convert(pipe, checkpoint, upstream, get_backend(entry.backend))
+                reference, candidate = self._convert(pipe, intake, checkpoint, upstream, get_backend(entry.backend))
                 validation = self._validate(pipe, intake, reference, candidate, checkpoint)
                 verdict = validation.result.model_dump(mode="json")
                 if not validation.result.passed:
@@ -305,8 +306,8 @@ class Promotion:
         merged = pipe.run(MergeStage(MergeInputs(upstream=intake.fingerprint, base=checkpoint, adapter=checkpoint)))
         return merged.path(merged.result.model), merged.fingerprint
 
-    def _convert(self, pipe: Pipeline, checkpoint: Path, upstream: str, backend: Backend
-                 ) -> tuple[Done[ConvertOutputs], Done[ConvertOutputs]]:
+    def _convert(self, pipe: Pipeline, intake: Done[IntakeResult], checkpoint: Path, upstream: str,
+                 backend: Backend) -> tuple[Done[Any], Done[ConvertOutputs]]:
         conv = self.cfg.convert
 
         def stage(precision: str, label: str) -> ConvertStage:
@@ -314,22 +315,35 @@ class Promotion:
                                               execution_provider=conv.execution_provider,
                                               checkpoint=checkpoint), label=label)
 
-        reference = pipe.run(stage("fp32", "reference"))
+        if backend.reference_from_checkpoint:
+            # The checkpoint's own numbers, computed once (release/stages/reference.py); one build.
+            prompts = self._prompts(intake)
+            reference: Done[Any] = pipe.run(ReferenceStage(ReferenceInputs(
+                upstream=upstream, backend=backend.id, prompts_sha256=sha256_file(prompts),
+                max_new_tokens=self.cfg.validation.max_new_tokens, checkpoint=checkpoint, prompts_path=prompts)))
+            return reference, pipe.run(stage(conv.precision, "convert"))
+        built = pipe.run(stage("fp32", "reference"))
         if conv.precision == "fp32":
-            return reference, reference
-        return reference, pipe.run(stage(conv.precision, "convert"))
+            return built, built
+        return built, pipe.run(stage(conv.precision, "convert"))
 
-    def _validate(self, pipe: Pipeline, intake: Done[IntakeResult], reference: Done[ConvertOutputs],
-                  candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[ValidateResult]:
+    def _prompts(self, intake: Done[IntakeResult]) -> Path:
         vcfg = self.cfg.validation
         prompts = self._resolve(vcfg.prompts) if vcfg.prompts else (
             intake.path(intake.result.prompts) if intake.result.prompts else None)
         if prompts is None:
             raise InputError(f"run '{intake.result.lineage['training']['run_id']}' has no validation prompts",
                              hint="log validation/prompts.jsonl with the run or set validation.prompts in release.yaml")
+        return prompts
+
+    def _validate(self, pipe: Pipeline, intake: Done[IntakeResult], reference: Done[Any],
+                  candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[ValidateResult]:
+        prompts = self._prompts(intake)
+        reference_dir = reference.dir if isinstance(reference.result, ReferenceResult) else \
+            reference.path(reference.result.model)
         return pipe.run(ValidateStage(ValidateInputs(
             reference=reference.fingerprint, candidate=candidate.fingerprint, prompts_sha256=sha256_file(prompts),
-            thresholds=vcfg, reference_dir=reference.path(reference.result.model),
+            thresholds=self.cfg.validation, reference_dir=reference_dir,
             candidate_dir=candidate.path(candidate.result.model), prompts_path=prompts,
             backend=candidate.result.backend, tokenizer=checkpoint / "tokenizer.json")))
 

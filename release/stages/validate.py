@@ -1,22 +1,29 @@
-"""Validate: quality of a converted candidate against the fp32 reference on the same prompts.
+"""Validate: quality of a converted candidate against the reference on the same prompts.
 
-Each prompt is tokenized with the training tokenizer and extended by the reference's greedy
-continuation (max_new_tokens). On that sequence, teacher-forced through model.onnx directly:
-- top1_agreement, mean_kl (KL(reference || candidate), float64): over every position;
+The reference is what the checkpoint itself computes (release/stages/reference.py: PyTorch eager on the
+merged checkpoint, kept on disk as top-k log-probabilities) or, for a backend that validates against its
+own fp32 build, that build. Each prompt is tokenized with the training tokenizer and extended by the
+reference's greedy continuation (max_new_tokens). On that sequence, teacher-forced through the candidate:
+- top1_agreement: over every position, the reference's argmax against the candidate's;
+- mean_kl: KL(reference || candidate) in float64 over every position, on the reference's top-k tokens
+  plus one bucket for the rest of the vocabulary (exact when the reference kept the whole distribution,
+  vocabularies up to 4,096; a lower bound otherwise, which the top 64 make tight for a trained model);
 - perplexity_*: over the continuation tokens, i.e. how well the candidate predicts what the reference
   would serve. Prompt tokens are a poor basis: fine-tuning usually masks them out of the loss, so the
   model never learned to predict them (the tiny example's prompt perplexity is worse than uniform and
   swings with any quantization noise). Their perplexity is still reported, as prompt_perplexity_*,
   without a threshold.
 greedy_agreement compares the reference continuation with the candidate's own greedy generation through
-its backend and its served tokenizer (what production will do); both builds are loaded by the backend that
-built them (release/backends/), so validation knows no engine's files. Validation never raises to block a
-release: a failing candidate returns passed=False with failures naming metric, value and threshold; bad input (a missing
-or malformed prompts file, a missing folder) is an InputError.
+its backend and its served tokenizer (what production will do). The reference's numbers are complete
+before the candidate loads, and the reference model is gone by then: the two never share memory.
+Validation never raises to block a release: a failing candidate returns passed=False with failures naming
+metric, value and threshold; bad input (a missing or malformed prompts file, a missing folder) is an
+InputError.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -24,7 +31,6 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
-from tokenizers import Tokenizer
 
 from release.backends import get_backend
 from release.backends.base import Backend, LoadedModel
@@ -33,7 +39,9 @@ from release.core.checks import ThresholdCheck
 from release.core.errors import InputError, ReleaseError
 from release.core.package import missing_runtime
 from release.core.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
+from release.stages import reference as reference_stage
 from release.stages.base import Stage, StageInputs, StageResult, location
+from release.stages.reference import PromptReference, log_softmax
 
 
 class NonFiniteLogits(ValueError):
@@ -72,17 +80,19 @@ def validate(
     thresholds: ValidationConfig,
     backend: Backend,
 ) -> ValidateResult:
-    """Compare `candidate_dir` with the fp32 `reference_dir` (both built by `backend`) on `prompts`; never
-    raises to block."""
+    """Compare `candidate_dir` (built by `backend`) with the reference in `reference_dir` on `prompts`: a
+    reference stage's folder (REFERENCE_FILE), else a folder `backend.load_reference` loads (its fp32
+    build, or a checkpoint); never raises to block."""
     if not prompts:
         raise InputError("validate: no prompts given", hint="pass the prompts from load_prompts(path)")
-
-    if not training_tokenizer.is_file():
-        raise InputError(f"{training_tokenizer}: training tokenizer not found",
-                         hint="pass the checkpoint's tokenizer.json")
-    token_ids = [list(Tokenizer.from_file(str(training_tokenizer)).encode(p).ids) for p in prompts]
-    reference = backend.load_reference(reference_dir)
-    continuations = [reference.generate_ids(ids, thresholds.max_new_tokens) for ids in token_ids]
+    token_ids = reference_stage.token_ids_of(prompts, training_tokenizer)
+    saved = reference_dir / reference_stage.REFERENCE_FILE
+    if saved.is_file():
+        refs = reference_stage.load(saved, token_ids, thresholds.max_new_tokens)
+    else:
+        refs = reference_stage.compute(backend.load_reference(reference_dir), token_ids, thresholds.max_new_tokens)
+        gc.collect()  # the reference model is unreachable now: gone before the candidate loads
+    continuations = [r.continuation for r in refs]
     # The candidate's runtime files are checked up front: a folder that is not a model is bad input,
     # while a model that fails to load or run is evidence against the candidate.
     missing_runtime(backend, candidate_dir, candidate_dir.name)
@@ -90,7 +100,7 @@ def validate(
     try:
         candidate = backend.load(candidate_dir)
         parity = compare_tokenizers(candidate.encode, training_tokenizer, [*prompts, *EDGE_STRINGS])
-        metrics = logit_metrics(reference, candidate, token_ids, continuations)
+        metrics = logit_metrics(refs, candidate)
         greedy, samples = greedy_metrics(candidate, prompts, continuations, thresholds.max_new_tokens)
         metrics.update(greedy)
     except ReleaseError:
@@ -117,34 +127,46 @@ def validate(
         failures=failures,
         details={
             "prompts": len(prompts),
-            "positions": sum(len(t) + len(c) for t, c in zip(token_ids, continuations, strict=True)),
+            "positions": sum(len(r.sequence) for r in refs),
+            "reference_top_k": int(refs[0].top_ids.shape[1]),
             "greedy_samples": samples,
         },
     )
 
 
-def logit_metrics(
-    reference: LoadedModel, candidate: LoadedModel, token_ids: list[list[int]], continuations: list[list[int]]
-) -> dict[str, float]:
+def kl_top_k(ref: PromptReference, log_cand: np.ndarray) -> np.ndarray:
+    """KL(reference || candidate) per position over the reference's top-k tokens plus one bucket for the
+    rest (exact when k is the vocabulary: the rest is empty)."""
+    log_p = ref.top_logprobs.astype(np.float64)
+    log_q = np.take_along_axis(log_cand, ref.top_ids.astype(np.int64), axis=-1)
+    p = np.exp(log_p)
+    kl = (p * (log_p - log_q)).sum(-1)
+    if ref.top_ids.shape[1] < log_cand.shape[-1]:
+        p_rest = np.clip(1.0 - p.sum(-1), 0.0, 1.0)
+        q_rest = np.clip(1.0 - np.exp(log_q).sum(-1), 1e-300, 1.0)
+        rest = np.where(p_rest > 1e-12, p_rest * (np.log(np.maximum(p_rest, 1e-300)) - np.log(q_rest)), 0.0)
+        kl = kl + rest
+    return np.asarray(kl)
+
+
+def logit_metrics(refs: list[PromptReference], candidate: LoadedModel) -> dict[str, float]:
     """top1_agreement and mean_kl over all positions; perplexities on continuation and prompt tokens."""
     agree, kls = [], []
     nll: dict[str, list[np.ndarray]] = {"ref": [], "cand": [], "prompt_ref": [], "prompt_cand": []}
-    for number, (ids, continuation) in enumerate(zip(token_ids, continuations, strict=True), start=1):
-        sequence = ids + continuation
+    for number, ref in enumerate(refs, start=1):
+        sequence = ref.sequence
         raw_cand = candidate.logits(sequence)
         if not np.isfinite(raw_cand).all():
             # NaN/Inf logits poison every average below; name them instead of reporting "top-1 0".
             raise NonFiniteLogits(f"candidate logits contain NaN or Inf on prompt {number}")
-        log_ref = log_softmax(reference.logits(sequence).astype(np.float64))
         log_cand = log_softmax(raw_cand.astype(np.float64))
-        agree.append(log_ref.argmax(-1) == log_cand.argmax(-1))
-        kls.append((np.exp(log_ref) * (log_ref - log_cand)).sum(-1))
+        agree.append(ref.top_ids[:, 0] == log_cand.argmax(-1))
+        kls.append(kl_top_k(ref, log_cand))
         # Position i predicts token i + 1.
-        split = len(ids) - 1
+        split = len(ref.ids) - 1
         targets = np.asarray(sequence[1:])
         positions = np.arange(len(sequence) - 1)
-        for key, logp in (("ref", log_ref), ("cand", log_cand)):
-            token_nll = -logp[positions, targets]
+        for key, token_nll in (("ref", -ref.next_logprobs), ("cand", -log_cand[positions, targets])):
             nll[key].append(token_nll[split:])
             nll[f"prompt_{key}"].append(token_nll[:split])
     ppl_ref, ppl_cand = perplexity(nll["ref"]), perplexity(nll["cand"])
@@ -204,12 +226,6 @@ def threshold_checks(metrics: dict[str, float], t: ValidationConfig) -> list[Thr
 
 def describe_failure(check: ThresholdCheck) -> str:
     return f"{check.metric} = {check.value:.6g}, required {check.op} {check.bound:.6g}"
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    result: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-    return result
 
 
 def perplexity(nlls: list[np.ndarray]) -> float:

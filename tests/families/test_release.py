@@ -3,7 +3,7 @@ int8 for Granite, see specs.py).
 
 Each family's trained checkpoint (with its LoRA adapter) is logged as a training run in a fresh project
 and promoted with no release.yaml (validation only, no gates): the adapter is merged, the model built by
-onnxruntime-genai, validated against its fp32 reference and registered. The fp32 build must compute what
+onnxruntime-genai, validated against PyTorch on the merged checkpoint and registered. The fp32 build must compute what
 transformers computes on the merged checkpoint (top-1 on every position of the validation prompts), and
 the quantized build must pass the default validation thresholds against that reference.
 """
@@ -47,7 +47,9 @@ def hf_parity(project: Path, merged_from: Built, prompts: list[str]) -> float:
 
     from release.backends.onnxruntime_genai.model import GenaiModel
 
-    (model_dir,) = (project / ".relctl" / "work").glob("*/reference-*/model")
+    # The fp32 promote's build (validation's reference is PyTorch on the checkpoint, not a build).
+    (model_dir,) = [m.parent / "model" for m in (project / ".relctl" / "work").glob("*/convert-*/manifest.json")
+                    if json.loads(m.read_text())["result"]["precision"] == "fp32"]
     onnx = GenaiModel.load(model_dir)
     base = transformers.AutoModelForCausalLM.from_pretrained(merged_from.base)
     merged = PeftModel.from_pretrained(base, merged_from.adapter).merge_and_unload().eval()

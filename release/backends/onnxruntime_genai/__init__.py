@@ -49,6 +49,9 @@ class OnnxruntimeGenaiBackend(Backend):
     precisions = ("fp32", "fp16", "int8", "int4")
     execution_providers = ("cpu", "cuda")
     runtime_files = (GENAI_CONFIG, MODEL_FILE)
+    # Validated against PyTorch on the checkpoint: no fp32 ONNX is built only to be compared with, and an
+    # fp32 release is compared with numbers it did not compute itself.
+    reference_from_checkpoint = True
     families = "decoder LLMs of onnxruntime-genai's model builder (" + ", ".join(
         sorted(a.removesuffix("ForCausalLM") for a in GENAI_ARCHITECTURES)) + ")"
 
@@ -79,8 +82,10 @@ class OnnxruntimeGenaiBackend(Backend):
                log_path: Path) -> ExportResult:
         from release.backends.onnxruntime_genai import builder  # noqa: PLC0415 - loads onnxruntime_genai
 
-        builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
+        peak = builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
         notes = builder.align_tokenizer(checkpoint, out)
+        if peak is not None:
+            notes.append(f"model builder peak RSS {peak / 1e9:.2f} GB")
         parity = builder.check_tokenizer_parity(checkpoint, out)
         return ExportResult(versions=tool_versions(), tokenizer_parity=parity, notes=notes)
 
@@ -88,6 +93,15 @@ class OnnxruntimeGenaiBackend(Backend):
         from release.backends.onnxruntime_genai.model import GenaiModel  # noqa: PLC0415 - native libraries
 
         return GenaiModel.load(model_dir, execution_provider)
+
+    def load_reference(self, model_dir: Path) -> LoadedModel:
+        # A built folder (`relctl validate REFERENCE CANDIDATE` with an fp32 build) runs as it is; a
+        # checkpoint runs in PyTorch (release/backends/torch_reference.py).
+        if self.recognizes(model_dir):
+            return self.load(model_dir)
+        from release.backends.torch_reference import TorchReference  # noqa: PLC0415 - loads torch
+
+        return TorchReference(model_dir)
 
     def runtime_config(self, model_dir: Path) -> dict[str, Any]:
         path = model_dir / GENAI_CONFIG

@@ -1,5 +1,6 @@
-"""Building an onnxruntime-genai folder: the model builder in its own process, then the tokenizer files
-aligned with the training tokenizer and checked for parity.
+"""Building an onnxruntime-genai folder: the model builder in its own process (build_process.py: the
+builder's own command line, quantizing one weight at a time, its peak memory reported), then the
+tokenizer files aligned with the training tokenizer and checked for parity.
 
 The builder's noisy output goes to the log file the convert stage names (beside the folder, not inside it:
 the folder is what gets packaged and hashed).
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from release.backends.onnxruntime_genai.build_process import PEAK_MARKER
 from release.backends.onnxruntime_genai.families import builder_config
 from release.backends.onnxruntime_genai.model import GenaiModel
 from release.core.checkpoint import read_config
@@ -23,13 +25,14 @@ from release.core.subprocs import start_child, stop_child
 from release.core.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
 
-def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: str, log_path: Path) -> None:
-    """Run the model builder in a subprocess (isolates its memory and its prints) into `out`."""
+def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: str, log_path: Path) -> int | None:
+    """Run the model builder in a subprocess (isolates its memory and its prints) into `out`; its peak RSS
+    in bytes (None when it did not say)."""
     cache = out.with_name(out.name + ".cache")
     shutil.rmtree(cache, ignore_errors=True)
     source = builder_input(model_dir, out.with_name(out.name + ".input"))
     cmd = [
-        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        sys.executable, "-m", "release.backends.onnxruntime_genai.build_process",
         "-i", str(source), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
     ]
     try:
@@ -53,6 +56,15 @@ def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: 
             f"convert: onnxruntime-genai's model builder failed (exit {proc.returncode}): {last_line(log_path)}",
             hint=f"see the full builder log in {log_path}",
         )
+    return builder_peak(log_path)
+
+
+def builder_peak(log_path: Path) -> int | None:
+    """The peak RSS build_process reported on its last line."""
+    for line in reversed(log_path.read_text(errors="replace").splitlines()):
+        if line.startswith(PEAK_MARKER):
+            return int(line.split()[1])
+    return None
 
 
 def builder_input(model_dir: Path, shadow: Path) -> Path:
@@ -123,5 +135,6 @@ def check_tokenizer_parity(model_dir: Path, out: Path) -> bool:
 
 
 def last_line(path: Path) -> str:
-    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines()
+             if ln.strip() and not ln.startswith(PEAK_MARKER)]
     return lines[-1][-300:] if lines else "(empty log)"

@@ -152,13 +152,29 @@ class GenaiModel:
             yield int(generator.get_next_tokens()[0])
 
     def logits(self, ids: list[int]) -> np.ndarray:
-        """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32, from model.onnx directly."""
+        """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32: the graph's logits output for
+        the whole sequence, read from the loaded og.Model's own run (the same session and numbers as
+        model.onnx run directly, without loading the weights a second time); a sequence at the context's
+        end, which a generator cannot hold, runs model.onnx in a separate onnxruntime session."""
         if not ids:
             raise InputError("logits: no token ids given", hint="pass at least one token id")
+        if len(ids) < self.context_length:
+            return self._generator_logits(ids)
         session = self._inference_session()
         feeds = self._feeds(session, ids)
         (logits,) = session.run(["logits"], feeds)
         return np.asarray(logits[0], dtype=np.float32)
+
+    def _generator_logits(self, ids: list[int]) -> np.ndarray:
+        import onnxruntime_genai as og  # noqa: PLC0415 - native libraries; only when a model is loaded
+
+        params = og.GeneratorParams(self._model)
+        max_length = min(max(len(ids) + 1, self.kv_floor), self.context_length)
+        params.set_search_options(max_length=max_length, do_sample=False, num_beams=1)
+        generator = og.Generator(self._model, params)
+        generator.append_tokens(np.asarray(ids, dtype=np.int32))
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+        return np.array(logits[0, -len(ids):], dtype=np.float32)
 
     def _inference_session(self) -> Any:
         # Created on first use: a server that only generates never holds the weights twice.

@@ -1,0 +1,183 @@
+"""`python -m release.backends.onnxruntime_genai.build_process <builder arguments>`: onnxruntime-genai's
+model builder, run as its own command line runs it, with one change to how it quantizes, and its peak
+memory reported.
+
+The builder makes the whole fp32 graph lazily (each weight is computed from the checkpoint only when it
+is written), but at int4/int8 its `to_nbits` first serializes that whole graph to one in-memory protobuf
+(every weight at fp32: twice a bf16 checkpoint) and hands it to onnxruntime's MatMulNBitsQuantizer, which
+copies weights again. `quantize_streaming` does what that quantizer does for the builder's plain case
+(the default RTN method, QOperator MatMulNBits, MatMul weights, no embedding Gather to quantize, no
+per-node overrides) one weight
+at a time on the lazy graph: materialize one fp32 weight, quantize it with the same onnxruntime kernel
+(quantize_matmul_4bits / 8bits), replace the node by the same MatMulNBits node (same names, attributes
+and bytes), drop the fp32 copy. Every other configuration goes through the builder's own `to_nbits`.
+
+On exit it prints `relctl-builder-peak-rss-bytes <n>` (its ru_maxrss) as its last line.
+"""
+
+from __future__ import annotations
+
+import resource
+import runpy
+import sys
+from typing import Any
+
+import numpy as np
+
+PEAK_MARKER = "relctl-builder-peak-rss-bytes"
+
+
+def _plain_case(model: Any) -> bool:
+    attrs = model.quant_attrs
+    return (getattr(model, "quantization_algo", "default") == "default"
+            and not getattr(model, "int4_customized_weight_config", None)
+            and not getattr(model, "exact_quant_overrides", None)
+            and not getattr(model, "exact_quant_override_names", None)
+            and not attrs["use_qdq"] and "MatMul" in attrs["op_types_to_quantize"]
+            and set(attrs["op_types_to_quantize"]) <= {"MatMul", "Gather"}
+            # "Gather" (int4's default) only matters for an embedding Gather on a constant table; a tied
+            # model's embedding is the builder's own GatherBlockQuantized reading lm_head's int4 weight.
+            and not any(node.op_type == "Gather" and node.inputs[0] is not None
+                        and node.inputs[0].const_value is not None for node in model.model.graph)
+            and model.ep == "cpu"
+            and not any(attr.type in (_ir().AttributeType.GRAPH, _ir().AttributeType.GRAPHS)
+                        for node in model.model.graph for attr in node.attributes.values()))
+
+
+def _ir() -> Any:
+    import onnx_ir  # noqa: PLC0415 - the builder's own IR library
+
+    return onnx_ir
+
+
+def quantize_streaming(model: Any) -> Any:
+    """The builder's `to_nbits` for its plain case, one MatMul weight at a time (see the module docstring)."""
+    from onnxruntime.capi._pybind_state import (  # noqa: PLC0415
+        quantize_matmul_4bits,
+        quantize_matmul_8bits,
+    )
+
+    ir = _ir()
+    attrs = model.quant_attrs
+    bits, block_size = int(attrs["bits"]), int(attrs["matmul_block_size"])
+    symmetric, accuracy = bool(attrs["is_symmetric"]), attrs["accuracy_level"]
+    excluded = set(attrs["nodes_to_exclude"])
+    kernel = quantize_matmul_8bits if bits == 8 else quantize_matmul_4bits
+    graph = model.model.graph
+    model.model.opset_imports["com.microsoft"] = 1
+    count = 0
+    for node in list(graph):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.name in excluded:
+            continue
+        weight = node.inputs[1]
+        if weight is None or weight.const_value is None or not weight.is_initializer():
+            continue
+        if len(weight.shape or ()) != 2:
+            continue  # the quantizer reshapes N-D weights; the builder's decoders have none
+        source = _lazy_source(weight.const_value)
+        if source is None:
+            whole = np.ascontiguousarray(weight.const_value.numpy())
+            if whole.dtype != np.float32:
+                continue  # fp16/bf16 graphs are GPU builds: left to the builder's own path (not the plain case)
+            rows, cols = whole.shape
+        else:
+            whole = None
+            rows, cols = (int(d) for d in source.shape)
+        kpack = 8 // bits
+        k_blocks = (rows + block_size - 1) // block_size
+        packed = np.zeros((cols, k_blocks, (block_size + kpack - 1) // kpack), dtype="uint8")
+        zero_point = np.zeros((cols, (k_blocks + kpack - 1) // kpack), dtype="uint8")
+        scales = np.zeros((cols, k_blocks), dtype=np.float32)
+        # Columns are quantized independently (blocks run down a column), so a slice of columns at a
+        # time gives the same bytes while the fp32 copy is a slice, not the whole weight (lm_head: ~1 GB).
+        for c0 in range(0, cols, COLUMNS):
+            c1 = min(cols, c0 + COLUMNS)
+            if whole is not None:
+                part = np.ascontiguousarray(whole[:, c0:c1])
+            else:
+                part = np.ascontiguousarray(source[:, c0:c1].float().numpy())
+            if k_blocks * block_size > rows:
+                part = np.pad(part, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
+            p_packed, p_zero, p_scales = packed[c0:c1].copy(), zero_point[c0:c1].copy(), scales[c0:c1].copy()
+            kernel(p_packed, part, p_scales, p_zero, block_size, c1 - c0, rows, symmetric)
+            packed[c0:c1], zero_point[c0:c1], scales[c0:c1] = p_packed, p_zero, p_scales
+        del whole
+        count += 1
+        inputs = [node.inputs[0]]
+        for name, array in ((f"{weight.name}_Q{bits}", packed), (f"{weight.name}_scales", scales),
+                            *(((f"{weight.name}_zero_points", zero_point),) if not symmetric else ())):
+            value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.tensor(array).dtype),
+                             const_value=ir.tensor(array, name=name))
+            graph.register_initializer(value)
+            inputs.append(value)
+        attributes: dict[str, Any] = {"K": rows, "N": cols, "bits": bits, "block_size": block_size}
+        if accuracy:
+            attributes["accuracy_level"] = int(accuracy)
+        output = node.outputs[0]
+        replacement = ir.Node("com.microsoft", "MatMulNBits", inputs,
+                              attributes=ir.convenience.convert_attributes(dict(sorted(attributes.items()))),
+                              name=f"{node.name}_Q{bits}" if node.name else "", num_outputs=1)
+        graph.insert_before(node, replacement)
+        new_output = replacement.outputs[0]
+        new_output.shape, new_output.type = output.shape, output.type
+        name = output.name
+        output.replace_all_uses_with(new_output, replace_graph_outputs=True)
+        graph.remove(node, safe=True)
+        new_output.name = name
+        if not weight.uses():
+            graph.initializers.pop(weight.name)  # the fp32 weight (and the checkpoint tensor it reads) goes
+    # Read by the tests and the convert log's reader: the streaming path ran.
+    print(f"relctl: quantized {count} MatMul weights one at a time", flush=True)
+    return model.model
+
+
+COLUMNS = 4096
+
+
+def _lazy_source(tensor: Any) -> Any:
+    """The torch tensor a builder LazyTensor casts to fp32 when it is read (make_initializer's `to=` mode:
+    the closure's `tensor`), when it is a 2-D floating torch tensor; else None (read the value whole)."""
+    func = getattr(tensor, "_func", None)
+    if func is None or getattr(tensor, "dtype", None) != _ir().DataType.FLOAT or not func.__closure__:
+        return None
+    import torch  # noqa: PLC0415 - the builder's own dependency
+
+    names = func.__code__.co_freevars
+    cells = dict(zip(names, (c.cell_contents for c in func.__closure__), strict=True))
+    source = cells.get("tensor")
+    if isinstance(source, torch.Tensor) and source.dim() == 2 and source.is_floating_point() \
+            and tuple(source.shape) == tuple(int(d) for d in tensor.shape):
+        return source
+    return None
+
+
+def install() -> None:
+    """Route the builder's plain-case quantization through quantize_streaming. The builder imports its
+    classes as the top-level `builders` package (onnxruntime_genai.models puts its folder on sys.path), a
+    module object apart from onnxruntime_genai.models.builders: both are patched."""
+    import importlib  # noqa: PLC0415
+
+    import onnxruntime_genai.models  # noqa: PLC0415, F401 - puts the builder's folder on sys.path
+
+    for module_name in ("builders.base", "onnxruntime_genai.models.builders.base"):
+        model_class = importlib.import_module(module_name).Model
+        original = model_class.to_nbits
+
+        def to_nbits(self: Any, original: Any = original) -> Any:
+            return quantize_streaming(self) if _plain_case(self) else original(self)
+
+        model_class.to_nbits = to_nbits
+
+
+def main() -> None:
+    install()
+    sys.argv = ["onnxruntime_genai.models.builder", *sys.argv[1:]]
+    try:
+        runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
+    finally:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        print(f"{PEAK_MARKER} {peak}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

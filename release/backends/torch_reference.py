@@ -1,0 +1,146 @@
+"""The reference validation compares a candidate with: PyTorch eager (transformers, in relctl's environment)
+on a checkpoint, the training framework's own numbers.
+
+Shared by the backends: the vLLM backend points it at its fp32 reference build, the onnxruntime-genai
+backend at the merged checkpoint itself, so no fp32 ONNX is built just to be compared with.
+
+Memory: the weights stay in the dtype they are stored in (a bf16 checkpoint is held at 2 bytes a
+parameter, not 4), and each module's weights are widened to fp32 only while that module runs, so every
+computation is fp32 (bf16 and fp16 widen to fp32 exactly: the numbers are those of an fp32 load) while
+the resident model is the checkpoint's size plus one module's fp32 copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from release.backends.base import Generation
+from release.backends.vllm.model import FolderFacts
+
+BATCH = 8  # prompts per forward pass: a weight read serves them all; logits memory grows with it
+
+
+def widen_while_running(model: Any, torch: Any) -> int:
+    """Make every module whose own parameters are not fp32 run on an fp32 copy of them, made just before
+    its forward and dropped just after. Returns how many modules were wrapped (0 for an fp32 model)."""
+    wrapped = 0
+    for module in model.modules():
+        params = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.dtype != torch.float32]
+        if not params:
+            continue
+
+        def widen(mod: Any, args: Any, params: list[Any] = params) -> None:
+            for p in params:
+                p._stored = p.data
+                p.data = p.data.float()
+
+        def restore(mod: Any, args: Any, output: Any, params: list[Any] = params) -> None:
+            for p in params:
+                p.data = p._stored
+                del p._stored
+
+        module.register_forward_pre_hook(widen)
+        module.register_forward_hook(restore)
+        wrapped += 1
+    # Buffers (rotary frequencies, ...) are small: widened once.
+    for name, buffer in list(model.named_buffers()):
+        if buffer.is_floating_point() and buffer.dtype != torch.float32:
+            owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            owner.register_buffer(name.rpartition(".")[2], buffer.float(), persistent=False)
+    return wrapped
+
+
+class TorchReference(FolderFacts):
+    def __init__(self, model_dir: Path) -> None:
+        import torch  # noqa: PLC0415 - relctl's [models] extra
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415
+
+        self.model_dir = model_dir
+        self._torch: Any = torch
+        # "auto": the stored dtype (see the module docstring); the computation is fp32 either way.
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto")
+        widen_while_running(model, torch)
+        self._model: Any = model.eval()
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._read_facts(model_dir)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids))
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        with self._torch.no_grad():
+            out = self._model(self._torch.tensor([ids]))
+        return np.asarray(out.logits[0].float().numpy(), dtype=np.float32)
+
+    def generate_with_logits(self, input_ids: list[int], max_new_tokens: int) -> tuple[list[int], np.ndarray]:
+        """Greedy continuation and the teacher-forced logits of prompt + continuation."""
+        return self.batch_generate_with_logits([input_ids], max_new_tokens)[0]
+
+    def batch_generate_with_logits(self, prompts: list[list[int]], max_new_tokens: int
+                                   ) -> list[tuple[list[int], np.ndarray]]:
+        """For each prompt, its greedy continuation and the teacher-forced logits of prompt + continuation,
+        BATCH prompts at a time (left-padded, masked): one pass over the weights serves the whole batch, so
+        the reference costs a forward per generated token per batch, not per prompt."""
+        out: list[tuple[list[int], np.ndarray]] = []
+        for start in range(0, len(prompts), BATCH):
+            out += self._batch(prompts[start:start + BATCH], max_new_tokens)
+        return out
+
+    def _batch(self, prompts: list[list[int]], max_new_tokens: int) -> list[tuple[list[int], np.ndarray]]:
+        torch = self._torch
+        new = max(0, min(max_new_tokens, self._context - max(len(p) for p in prompts)))
+        pad = self._eos[0] if self._eos else 0
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        continuations: list[list[int]] = [[] for _ in prompts]
+        if new:
+            with torch.no_grad():
+                generated = self._model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
+                                                 do_sample=False, num_beams=1, pad_token_id=pad,
+                                                 eos_token_id=self._eos or None)
+            for row, tokens in enumerate(generated[:, width:].tolist()):
+                for token in tokens:
+                    continuations[row].append(int(token))
+                    if token in self._eos:
+                        break
+        results = []
+        full = [p + c for p, c in zip(prompts, continuations, strict=True)]
+        length = max(len(f) for f in full)
+        ids = torch.tensor([[pad] * (length - len(f)) + f for f in full])
+        mask = torch.tensor([[0] * (length - len(f)) + [1] * len(f) for f in full])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = self._model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        for row, f in enumerate(full):
+            results.append((continuations[row], np.asarray(logits[row, length - len(f):].float().numpy(),
+                                                           dtype=np.float32)))
+        return results
+
+    def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
+        generated: list[int] = []
+        past, step = None, list(input_ids)
+        while len(generated) < max_new_tokens and len(input_ids) + len(generated) < self._context:
+            with self._torch.no_grad():
+                out = self._model(self._torch.tensor([step]), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())
+            generated.append(token)
+            if token in self._eos:
+                break
+            step = [token]
+        return generated
+
+    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
+        ids = self.encode(prompt)
+        generated = self.generate_ids(ids, max_new_tokens)
+        finish = "stop" if generated and generated[-1] in self._eos else "length"
+        return Generation(text=self.decode(generated), token_ids=generated, prompt_tokens=len(ids),
+                          finish_reason=finish)

@@ -1,0 +1,63 @@
+"""The builder process relctl runs quantizes one weight at a time and writes exactly the builder's bytes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from release.backends.onnxruntime_genai.build_process import PEAK_MARKER
+from release.backends.onnxruntime_genai.builder import builder_peak
+
+
+@pytest.fixture(scope="module")
+def tied_qwen(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
+    """A tiny Qwen2 with tied embeddings (int4 then shares the embedding with lm_head, as Qwen2.5 does)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = tmp_path_factory.mktemp("tied-qwen") / "checkpoint"
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_checkpoint / name, out / name)
+    vocab = json.loads((tiny_checkpoint / "config.json").read_text())["vocab_size"]
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         tie_word_embeddings=True)).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def build(module: str, checkpoint: Path, out: Path, precision: str) -> str:
+    run = subprocess.run([sys.executable, "-m", module, "-i", str(checkpoint), "-o", str(out), "-p", precision,
+                          "-e", "cpu", "-c", str(out.with_name(out.name + ".cache"))],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.parametrize("precision", ["int4", "int8"])
+def test_streaming_quantization_writes_the_builders_bytes(tied_qwen: Path, tmp_path: Path, precision: str) -> None:
+    theirs = tmp_path / "builder"
+    ours = tmp_path / "relctl"
+    build("onnxruntime_genai.models.builder", tied_qwen, theirs, precision)
+    log = build("release.backends.onnxruntime_genai.build_process", tied_qwen, ours, precision)
+    # int4 (the tied embedding shares lm_head's int4 weight) streams; int8 keeps an fp32 embedding Gather
+    # the quantizer would look at, so it goes through the builder's own to_nbits: same bytes either way.
+    assert ("MatMul weights one at a time" in log) == (precision == "int4")
+    assert log.rstrip().splitlines()[-1].startswith(PEAK_MARKER)
+    for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
+        assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
+
+
+def test_peak_is_read_from_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "convert.log"
+    log.write_text(f"$ builder\nsaving\n{PEAK_MARKER} 123456\n")
+    assert builder_peak(log) == 123456
+    log.write_text("$ builder\ncrashed\n")
+    assert builder_peak(log) is None
