@@ -15,7 +15,9 @@ from release.canary.settings import CanaryConfig
 from release.core.errors import InputError, ReleaseError
 from release.pipeline.versions import fetch_package
 from release.registry import CANDIDATE, PRODUCTION, Registry
+from release.registry import tags as T
 from release.registry.client import open_registry
+from release.registry.states import AWAITING_APPROVAL, REJECTED, alias_refusal
 from release.signing.keys import project_trust
 
 
@@ -47,7 +49,12 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         raise InputError(f"{model}: no '{CANDIDATE}' alias", hint="pass --version V to put a version under canary")
     if candidate == production:
         raise InputError(f"{model}: v{candidate} already is production", hint="pass --version with another version")
-    registry.get_version(model, candidate)
+    state = registry.get_version(model, candidate).tags.get(T.RELEASE_STATE)
+    if state in (AWAITING_APPROVAL, REJECTED):  # its pass could not move production: refused before serving
+        why = alias_refusal(PRODUCTION, candidate, {T.RELEASE_STATE: state}, None)
+        raise InputError(f"{model}: v{candidate} cannot be canaried into production: {why}",
+                         hint=f"relctl approve {model}/{candidate} --reason ..." if state == AWAITING_APPROVAL
+                         else "release a new version: a rejected one never serves production")
     packages = work / "packages"
     # Both verified (manifest digest and signature) before either is served or any alias moves.
     trust = project_trust(project_dir)

@@ -220,7 +220,7 @@ class Promotion:
             return
         # require_approval: registered as `candidate` whatever the gates; production waits for relctl approve.
         registered = self._register(pipe, run, name, package, report, production,
-                                    under_canary or self.cfg.require_approval)
+                                    under_canary or self.cfg.require_approval, canary_next=under_canary)
         if registered is None:
             return
         if later:
@@ -429,13 +429,14 @@ class Promotion:
         return {k: v for k, v in release_metrics(report).items() if self.recorded.get(k) != v}
 
     def _register(self, pipe: Pipeline, run: ReleaseRun, name: str, package: PackageManifest, report: ReleaseReport,
-                  production: ProductionRef | None, under_canary: bool) -> str | None:
+                  production: ProductionRef | None, under_canary: bool, canary_next: bool = True) -> str | None:
         report.outcome = "released"
         inputs = reg.RegisterInputs(
             model=name, content_sha256=report.package["content_sha256"], lineage=report.lineage,
             extra_tags=self._gate_tags(report), numbers=release_metrics(report), details=release_details(report),
             description=self.card(report),
             target="candidate" if under_canary else "production",
+            waits_for="the canary" if canary_next else "an approval: relctl approve",
             reason=f"promoted from training run {report.training_run}",
             expected_production=production.version if production else None, package_dir=package.root)
         done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package, self.signer))

@@ -207,6 +207,7 @@ class RegisterInputs(StageInputs):
     # production: released at once; candidate: registered and aliased `candidate` for an after-register
     # gate (the canary) to decide; none: registered only (relctl register without --production).
     target: Literal["production", "candidate", "none"] = "production"
+    waits_for: str = "the canary"    # what a candidate waits for, as the progress line says it
     reason: str = "promoted"
     # The production version the gates compared with (None: there was none); NOT_CHECKED skips the check.
     expected_production: str | None = NOT_CHECKED
@@ -293,7 +294,7 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         if result.outcome == "registered":
             return f"{self.inputs.model} v{result.version} registered"
         if result.outcome == "candidate":
-            return f"{self.inputs.model} v{result.version} is the candidate (canary next)"
+            return f"{self.inputs.model} v{result.version} is the candidate (waits for {self.inputs.waits_for})"
         previous = result.aliases.get(PREVIOUS, [None, None])[1]
         after = f" (previous: v{previous})" if previous else ""
         return f"{self.inputs.model} v{result.version} is production{after}"

@@ -100,6 +100,8 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
     assert promoted.exit_code == 0, promoted.output
     report = json.loads(promoted.stdout)
     assert report["outcome"] == "awaiting-approval" and report["version"] == "1"
+    # The progress line says what the candidate waits for (no canary here: the approval).
+    assert "is the candidate (waits for an approval: relctl approve)" in promoted.stderr
     registry = Registry(resolve_store(project))
     again = awaiting["again"]
     assert again.exit_code == 0, again.output
@@ -227,6 +229,12 @@ def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production
     registry = Registry(resolve_store(project))
     assert registry.aliases(MODEL) == {"production": "1", "candidate": "2"}
     assert registry.get_version(MODEL, "2").tags[T.GATED_AGAINST] == "1"
+    # A second canary of the waiting version could not move production on a pass: refused before serving.
+    again = relctl(project, "canary", MODEL, "--version", "2")
+    assert again.exit_code == 2, again.output
+    assert again.stderr.splitlines()[0].startswith(f"error: {MODEL}: v2 cannot be canaried into production: ")
+    assert "awaiting-approval" in again.stderr and f"relctl approve {MODEL}/2" in again.stderr
+    assert registry.aliases(MODEL) == {"production": "1", "candidate": "2"}
     monkeypatch.setenv(USER_ENV, "carol")
     approved = relctl(project, "approve", f"{MODEL}/2", "--reason", "canary looked fine")
     assert approved.exit_code == 0, approved.output
