@@ -241,8 +241,12 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
 
     data = api.verify(spec, ctx.project_dir)
     what = f"{data['model']} v{data['version']}" if "model" in data else data["package"]
+    approval = data.get("approval")
+    approved = "" if not approval else (
+        f"; approved by {approval['approver']} on {approval['at']}"
+        + (f" (approval signed by {approval['signed_by']})" if approval["signed_by"] else " (approval unsigned)"))
     emit(data, as_json, lambda: click.echo(f"{what}: verified, signed by {data['signed_by']} "
-                                           f"({str(data['fingerprint'])[:16]})"))
+                                           f"({str(data['fingerprint'])[:16]}){approved}"))
 
 
 @cli.command()

@@ -188,7 +188,29 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         package = fetch_package(registry, ref.name, version, Path(tmp), trust=trust)
         verdict = verify_signature(package.root, trust, f"{ref.name} v{version}")
     return {"model": ref.name, "version": version, "signed_by": verdict.signed_by,
-            "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
+            "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
+            "approval": _verified_approval(registry.get_version(ref.name, version).tags, trust,
+                                           f"{ref.name} v{version}")}
+
+
+def _verified_approval(tags: dict[str, str], trust: Any, what: str) -> dict[str, Any] | None:
+    """The version's approval (relctl approve), its signature checked against the trusted keys and its digests
+    against the version's; None when it was never approved. A signed approval that does not verify, or one
+    for other bytes, is exit 2; an unsigned one is reported as such (no key was configured when it was made)."""
+    from release.registry import tags as T  # noqa: PLC0415 - keeps api's import light
+    from release.signing.approval import parse_statement, verify_approval  # noqa: PLC0415 - as above
+
+    statement = tags.get(T.APPROVAL)
+    if not statement:
+        return None
+    approval = parse_statement(statement)
+    if (approval.get("manifest_sha256"), approval.get("content_sha256")) != (tags.get(T.MANIFEST_SHA256),
+                                                                               tags.get(T.CONTENT_SHA256)):
+        raise InputError(f"{what}: its approval is for other package bytes than the version's",
+                         hint="approve the version again with relctl approve")
+    signature = tags.get(T.APPROVAL_SIGNATURE, "")
+    return {"approver": approval.get("approver"), "at": approval.get("at"), "reason": approval.get("reason"),
+            "signed_by": verify_approval(statement, signature, trust) if signature else None}
 
 
 def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None = None) -> Any:

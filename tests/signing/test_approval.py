@@ -149,6 +149,14 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
 
     with pytest.raises(InputError, match=r"does not verify with trusted key release\.pub"):
         verify_approval(statement.replace("alice", "mallory"), signature, trust)
+    # relctl verify shows the approval with its signature checked; a forged approval tag is refused.
+    shown = relctl(project, "verify", f"{MODEL}/1")
+    assert shown.exit_code == 0, shown.output
+    assert "approved by alice@example.com on " in shown.stdout and "(approval signed by release.pub)" in shown.stdout
+    registry.set_version_tags(MODEL, "1", {T.APPROVAL: statement.replace("alice", "mallory")})
+    forged = relctl(project, "verify", f"{MODEL}/1")
+    assert forged.exit_code == 2 and "does not verify with trusted key release.pub" in forged.stderr
+    registry.set_version_tags(MODEL, "1", {T.APPROVAL: statement})
     # Approving it again is refused: it is released.
     again = relctl(project, "approve", f"{MODEL}/1", "--reason", "twice")
     assert again.exit_code == 2
