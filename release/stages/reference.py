@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from release.backends.base import LoadedModel
 from release.core.errors import InputError, StageFailed
 from release.core.subprocs import start_child, stop_child
+from release.core.units import size
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 REFERENCE_FILE = "reference.npz"
@@ -174,7 +175,7 @@ class ReferenceStage(Stage[ReferenceInputs, ReferenceResult]):
 
     def summary(self, result: ReferenceResult) -> str:
         return (f"{result.prompts} prompts, {result.positions} positions (top-{result.top_k}), "
-                f"peak {result.peak_rss_bytes / 1e9:.2f} GB")
+                f"peak {size(result.peak_rss_bytes)}")
 
 
 def run_worker(backend_id: str, checkpoint: Path, prompts_path: Path, max_new_tokens: int, out: Path) -> None:

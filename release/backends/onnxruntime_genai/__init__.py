@@ -26,6 +26,7 @@ from release.backends.base import (
     unnamed_architecture,
 )
 from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
+from release.core.units import size
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -85,7 +86,7 @@ class OnnxruntimeGenaiBackend(Backend):
         peak = builder.run_builder(checkpoint, out, precision, execution_provider, log_path)
         notes = builder.align_tokenizer(checkpoint, out)
         if peak is not None:
-            notes.append(f"model builder peak RSS {peak / 1e9:.2f} GB")
+            notes.append(f"model builder peak RSS {size(peak)}")
         parity = builder.check_tokenizer_parity(checkpoint, out)
         return ExportResult(versions=tool_versions(), tokenizer_parity=parity, notes=notes)
 
