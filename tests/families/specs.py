@@ -100,7 +100,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("olmo", "OlmoConfig", "OlmoForCausalLM", "OLMo-1B-hf", (*ATTN, *GATED_MLP), {
         **SHAPE, "num_key_value_heads": 4, "tie_word_embeddings": False, "max_position_embeddings": 2048,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    }),
+    # At int4 against PyTorch's numbers on the checkpoint (the reference since issue 18) this tiny OLMo keeps
+    # top-1 0.979 and KL 7.6e-4 but greedy agreement 0.78, below the 0.80 default: released at int8 instead.
+    }, quantized="int8"),
     # SmolLM3-3B: tied, GQA; its every-4th-layer NoPE (no_rope_layers 0) is what the builder cannot build
     # (refused: test_refusals.py), so the 2 layers here are its first two, both with RoPE.
     Family("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", "SmolLM3-3B", (*ATTN, *GATED_MLP), {

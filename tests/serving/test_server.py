@@ -61,6 +61,9 @@ def test_models_health_and_metrics(server: ServerProcess) -> None:
     health = httpx.get(f"{server.url}/health")
     assert health.json()["status"] == "ok" and health.json()["load_time_s"] > 0
     assert_identity(health, server)
+    # One completion of its own: the counter must not depend on which test of the module ran first.
+    assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "alpha", "max_tokens": 2},
+                      timeout=30).status_code == 200
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'relctl_model_info{model="tiny-llm",serving_config="' in metrics
     assert "relctl_model_load_seconds" in metrics
