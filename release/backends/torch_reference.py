@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from release.backends.base import Generation
-from release.backends.vllm.model import FolderFacts
+from release.backends.folder_facts import FolderFacts
 
 BATCH = 8  # prompts per forward pass: a weight read serves them all; logits memory grows with it
 
@@ -138,9 +137,3 @@ class TorchReference(FolderFacts):
             step = [token]
         return generated
 
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        ids = self.encode(prompt)
-        generated = self.generate_ids(ids, max_new_tokens)
-        finish = "stop" if generated and generated[-1] in self._eos else "length"
-        return Generation(text=self.decode(generated), token_ids=generated, prompt_tokens=len(ids),
-                          finish_reason=finish)

@@ -3,7 +3,7 @@
 Each entry is built, validated against its fp32 reference on the run's prompts, planned for memory and
 packaged by the same stages as the release itself (so the one that is released resumes from those folders,
 bit for bit), then load-tested by the configured load gate (`gates.load`): the same seeded plan, the same
-SLOs, the same cost formula (PRODUCT.md: GPU price per hour x GPUs / (output tokens/s x 3600) x 1e6, at
+SLOs, the same cost formula (docs/metrics.md: GPU price per hour x GPUs / (output tokens/s x 3600) x 1e6, at
 the rate the gate judged, where the SLOs still hold). One row per engine:
 
     engine | precision | top-1 / KL vs reference | TTFT p99 | TPOT p99 | at rate | output tok/s | $/M tokens

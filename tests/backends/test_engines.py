@@ -96,7 +96,7 @@ def test_one_promote_tabulates_both_engines_on_the_same_plan(compared: dict[str,
         for number in ("ttft_p99_ms", "tpot_p99_ms", "output_tokens_per_s", "cost_per_million_tokens",
                        "cold_start_s"):
             assert row[number] is not None and row[number] > 0, (key, number, row)
-        # PRODUCT.md's cost: price per hour x GPUs / (output tokens/s x 3600) x 1e6, at the judged rate.
+        # docs/metrics.md's cost: price per hour x GPUs / (output tokens/s x 3600) x 1e6, at the judged rate.
         price = PRICES[key[0]]
         assert row["cost_per_million_tokens"] == pytest.approx(price / (row["output_tokens_per_s"] * 3600) * 1e6)
         assert row["memory_per_replica_bytes"] > 0

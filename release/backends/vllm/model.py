@@ -17,7 +17,6 @@ promote), stopped when the process exits.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ import httpx
 import numpy as np
 from tokenizers import Tokenizer
 
-from release.backends.base import Generation
+from release.backends.folder_facts import FolderFacts, model_facts
 from release.backends.vllm.engine import EngineProcess, free_port, log_path
 
 if TYPE_CHECKING:
@@ -49,37 +48,6 @@ def served_model(backend: VllmBackend, model_dir: Path) -> VllmModel:
             model = VllmModel.start(backend, key)
             _models[key] = model
         return model
-
-
-def model_facts(model_dir: Path) -> tuple[dict[str, Any], list[int]]:
-    """config.json and the EOS ids (generation_config.json's, else config.json's)."""
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    generation = model_dir / "generation_config.json"
-    eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
-    eos = config.get("eos_token_id") if eos is None else eos
-    return config, [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
-
-
-class FolderFacts:
-    """The context length and EOS ids of a built folder, read once (model_facts): shared by the model vLLM
-    serves and the PyTorch reference beside it."""
-
-    _context: int
-    _eos: list[int]
-
-    def _read_facts(self, model_dir: Path) -> dict[str, Any]:
-        config, eos = model_facts(model_dir)
-        self._eos = list(eos)
-        self._context = int(config.get("max_position_embeddings", 2048))
-        return config
-
-    @property
-    def context_length(self) -> int:
-        return self._context
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return list(self._eos)
 
 
 class VllmModel(FolderFacts):
@@ -137,13 +105,6 @@ class VllmModel(FolderFacts):
         if budget <= 0:
             return []
         return [int(t) for t in self._complete(input_ids, budget)["token_ids"]]
-
-    def generate(self, prompt: str, max_new_tokens: int) -> Generation:
-        ids = self.encode(prompt)
-        generated = self.generate_ids(ids, max_new_tokens)
-        finish = "stop" if generated and generated[-1] in self._eos else "length"
-        return Generation(text=self.decode(generated), token_ids=generated, prompt_tokens=len(ids),
-                          finish_reason=finish)
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """Teacher-forced log-probabilities, shape (len(ids), vocab): row i is the distribution after ids[:i+1]."""

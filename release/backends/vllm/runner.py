@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 from tokenizers import Tokenizer
 
+from release.backends.folder_facts import model_facts
 from release.backends.vllm.engine import EngineProcess, free_port, log_path
-from release.backends.vllm.model import model_facts
 from release.serving.jobs import Job, StopMatcher, emit_text, sampled
 from release.serving.protocol import ModelLimits
 
