@@ -61,3 +61,28 @@ def test_peak_is_read_from_the_log(tmp_path: Path) -> None:
     assert builder_peak(log) == 123456
     log.write_text("$ builder\ncrashed\n")
     assert builder_peak(log) is None
+
+
+def test_checkpoint_pages_are_handed_back_and_no_data_is_lost(tmp_path: Path) -> None:
+    """After a weight is quantized the builder process hands its checkpoint pages back to the kernel: only
+    pages of a mapped .safetensors file, and nothing written in place is lost."""
+    import numpy as np
+    import torch
+
+    from release.backends.onnxruntime_genai.build_process import pin_malloc_threshold, release_mapped_pages
+
+    values = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB
+    path = tmp_path / "model.safetensors"
+    values.tofile(path)
+    # A private writable mapping of the file, as transformers maps a checkpoint (rw-p in /proc/self/maps).
+    mapped = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="c", shape=values.shape))
+    assert float(mapped.sum()) == pytest.approx(float(values.sum()), rel=1e-5)  # every page read in
+    assert release_mapped_pages(mapped) >= values.nbytes - 2 * 4096
+    assert torch.equal(mapped, torch.from_numpy(values))  # read back from the file
+    mapped[0, 0] = 12345.0  # written in place: that page is now the process's own
+    release_mapped_pages(mapped[:1])
+    assert float(mapped[0, 0]) == 12345.0
+    anonymous = torch.from_numpy(values.copy())
+    assert release_mapped_pages(anonymous) == 0 and torch.equal(anonymous, torch.from_numpy(values))
+    assert release_mapped_pages(mapped.t()) > 0  # a transposed view covers the same pages
+    assert pin_malloc_threshold()  # glibc on Linux, as on every release runner relctl supports

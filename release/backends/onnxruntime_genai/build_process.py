@@ -17,6 +17,8 @@ On exit it prints `relctl-builder-peak-rss-bytes <n>` (its ru_maxrss) as its las
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import resource
 import runpy
 import sys
@@ -102,6 +104,8 @@ def quantize_streaming(model: Any) -> Any:
             kernel(p_packed, part, p_scales, p_zero, block_size, c1 - c0, rows, symmetric)
             packed[c0:c1], zero_point[c0:c1], scales[c0:c1] = p_packed, p_zero, p_scales
         del whole
+        if source is not None:
+            release_mapped_pages(source)
         count += 1
         inputs = [node.inputs[0]]
         for name, array in ((f"{weight.name}_Q{bits}", packed), (f"{weight.name}_scales", scales),
@@ -132,6 +136,55 @@ def quantize_streaming(model: Any) -> Any:
 
 
 COLUMNS = 4096
+MADV_PAGEOUT = 21       # <sys/mman.h>, Linux 5.4+
+M_MMAP_THRESHOLD = -3   # <malloc.h>
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+
+
+def pin_malloc_threshold() -> bool:
+    """Every allocation of MMAP_THRESHOLD_BYTES or more gets its own mapping (see the module docstring).
+    False where this is not glibc on Linux (nothing changes there)."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    return bool(mallopt is not None and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1)
+
+
+def checkpoint_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of .safetensors files."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].rstrip("\n").endswith(".safetensors"):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((low, high))
+    return ranges
+
+
+def release_mapped_pages(tensor: Any) -> int:
+    """Hand the whole pages under `tensor` back to the kernel when they lie in a mapping of a checkpoint
+    file (see the module docstring); returns the bytes advised (0 for memory that is not such a mapping,
+    which is never touched, or where the kernel refused)."""
+    libc = _libc()
+    if libc is None or tensor.numel() == 0:
+        return 0
+    start = int(tensor.data_ptr())
+    extent = (sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride(), strict=True)) + 1)
+    end = start + extent * tensor.element_size()
+    page = mmap.PAGESIZE
+    low, high = -(-start // page) * page, end // page * page  # whole pages only: neighbours keep theirs
+    if high <= low or not any(a <= low and high <= b for a, b in checkpoint_mappings()):
+        return 0
+    if libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_PAGEOUT) != 0:
+        return 0
+    return high - low
 
 
 def _lazy_source(tensor: Any) -> Any:
@@ -170,6 +223,7 @@ def install() -> None:
 
 
 def main() -> None:
+    pin_malloc_threshold()
     install()
     sys.argv = ["onnxruntime_genai.models.builder", *sys.argv[1:]]
     try:
