@@ -184,7 +184,7 @@ def release_mapped_pages(tensor: Any) -> int:
         return 0
     if libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_PAGEOUT) != 0:
         return 0
-    return high - low
+    return int(high - low)
 
 
 def _lazy_source(tensor: Any) -> Any:
