@@ -14,13 +14,14 @@ from release.backends.onnxruntime_genai.build_process import PEAK_MARKER
 from release.backends.onnxruntime_genai.builder import builder_peak
 
 
-@pytest.fixture(scope="module")
-def tied_qwen(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
-    """A tiny Qwen2 with tied embeddings (int4 then shares the embedding with lm_head, as Qwen2.5 does)."""
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def qwen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
+    """A tiny bf16 Qwen2 with tied embeddings (int4 then shares the embedding with lm_head, as Qwen2.5-1.5B
+    does) or untied ones (int4 quantizes the embedding Gather on its own, as Llama-3-8B's)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    out = tmp_path_factory.mktemp("tied-qwen") / "checkpoint"
+    out = tmp_path_factory.mktemp(f"{request.param}-qwen") / "checkpoint"
     out.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_checkpoint / name, out / name)
@@ -28,7 +29,7 @@ def tied_qwen(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=True)).to(torch.bfloat16)
+                                         tie_word_embeddings=request.param == "tied")).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -42,14 +43,14 @@ def build(module: str, checkpoint: Path, out: Path, precision: str) -> str:
 
 
 @pytest.mark.parametrize("precision", ["int4", "int8"])
-def test_streaming_quantization_writes_the_builders_bytes(tied_qwen: Path, tmp_path: Path, precision: str) -> None:
+def test_streaming_quantization_writes_the_builders_bytes(qwen: Path, tmp_path: Path, precision: str) -> None:
     theirs = tmp_path / "builder"
     ours = tmp_path / "relctl"
-    build("onnxruntime_genai.models.builder", tied_qwen, theirs, precision)
-    log = build("release.backends.onnxruntime_genai.build_process", tied_qwen, ours, precision)
-    # int4 (the tied embedding shares lm_head's int4 weight) streams; int8 keeps an fp32 embedding Gather
-    # the quantizer would look at, so it goes through the builder's own to_nbits: same bytes either way.
-    assert ("MatMul weights one at a time" in log) == (precision == "int4")
+    build("onnxruntime_genai.models.builder", qwen, theirs, precision)
+    log = build("release.backends.onnxruntime_genai.build_process", qwen, ours, precision)
+    # Every case here streams: int4 tied (the embedding reads lm_head's int4 weight), and int8 or untied
+    # (the embedding stays an fp32 Gather: the builder's default op types are MatMul only).
+    assert "MatMul weights one at a time" in log
     assert log.rstrip().splitlines()[-1].startswith(PEAK_MARKER)
     for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name

@@ -6,11 +6,12 @@ The builder makes the whole fp32 graph lazily (each weight is computed from the 
 is written), but at int4/int8 its `to_nbits` first serializes that whole graph to one in-memory protobuf
 (every weight at fp32: twice a bf16 checkpoint) and hands it to onnxruntime's MatMulNBitsQuantizer, which
 copies weights again. `quantize_streaming` does what that quantizer does for the builder's plain case
-(the default RTN method, QOperator MatMulNBits, MatMul weights, no embedding Gather to quantize, no
-per-node overrides) one weight
-at a time on the lazy graph: materialize one fp32 weight, quantize it with the same onnxruntime kernel
-(quantize_matmul_4bits / 8bits), replace the node by the same MatMulNBits node (same names, attributes
-and bytes), drop the fp32 copy. Every other configuration goes through the builder's own `to_nbits`.
+(the default RTN method, QOperator MatMulNBits, MatMul weights: the builder's default op types, no
+per-node overrides) one weight at a time on the lazy graph: materialize one fp32 weight, quantize it with
+the same onnxruntime kernel (quantize_matmul_4bits / 8bits), replace the node by the same MatMulNBits
+node (same names, attributes and bytes), drop the fp32 copy. An untied embedding stays an fp32 Gather, as
+the builder leaves it; int8 and untied models stream too (the tests compare bytes for tied and untied, at
+int4 and int8). Every other configuration goes through the builder's own `to_nbits`.
 
 On exit it prints `relctl-builder-peak-rss-bytes <n>` (its ru_maxrss) as its last line.
 """
@@ -37,10 +38,12 @@ def _plain_case(model: Any) -> bool:
             and not getattr(model, "exact_quant_override_names", None)
             and not attrs["use_qdq"] and "MatMul" in attrs["op_types_to_quantize"]
             and set(attrs["op_types_to_quantize"]) <= {"MatMul", "Gather"}
-            # "Gather" (int4's default) only matters for an embedding Gather on a constant table; a tied
-            # model's embedding is the builder's own GatherBlockQuantized reading lm_head's int4 weight.
-            and not any(node.op_type == "Gather" and node.inputs[0] is not None
-                        and node.inputs[0].const_value is not None for node in model.model.graph)
+            # The builder's default op types are MatMul only. Asked for "Gather" at int4 the quantizer
+            # would also make an untied embedding table GatherBlockQuantized, which this does not do: that
+            # case goes through the builder's own path (at int8 the quantizer leaves a Gather alone).
+            and not ("Gather" in attrs["op_types_to_quantize"] and int(attrs["bits"]) == 4
+                     and any(node.op_type == "Gather" and node.inputs[0] is not None
+                             and node.inputs[0].const_value is not None for node in model.model.graph))
             and model.ep == "cpu"
             and not any(attr.type in (_ir().AttributeType.GRAPH, _ir().AttributeType.GRAPHS)
                         for node in model.model.graph for attr in node.attributes.values()))
@@ -53,13 +56,12 @@ def _ir() -> Any:
 
 
 def quantize_streaming(model: Any) -> Any:
-    """The builder's `to_nbits` for its plain case, one MatMul weight at a time (see the module docstring)."""
+    """The builder's `to_nbits` for its plain case, one weight at a time (see the module docstring)."""
     from onnxruntime.capi._pybind_state import (  # noqa: PLC0415
         quantize_matmul_4bits,
         quantize_matmul_8bits,
     )
 
-    ir = _ir()
     attrs = model.quant_attrs
     bits, block_size = int(attrs["bits"]), int(attrs["matmul_block_size"])
     symmetric, accuracy = bool(attrs["is_symmetric"]), attrs["accuracy_level"]
@@ -69,70 +71,98 @@ def quantize_streaming(model: Any) -> Any:
     model.model.opset_imports["com.microsoft"] = 1
     count = 0
     for node in list(graph):
-        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.name in excluded:
+        if node.domain not in ("", "ai.onnx") or node.name in excluded:
             continue
-        weight = node.inputs[1]
-        if weight is None or weight.const_value is None or not weight.is_initializer():
-            continue
-        if len(weight.shape or ()) != 2:
-            continue  # the quantizer reshapes N-D weights; the builder's decoders have none
-        source = _lazy_source(weight.const_value)
-        if source is None:
-            whole = np.ascontiguousarray(weight.const_value.numpy())
-            if whole.dtype != np.float32:
-                continue  # fp16/bf16 graphs are GPU builds: left to the builder's own path (not the plain case)
-            rows, cols = whole.shape
-        else:
-            whole = None
-            rows, cols = (int(d) for d in source.shape)
-        kpack = 8 // bits
-        k_blocks = (rows + block_size - 1) // block_size
-        packed = np.zeros((cols, k_blocks, (block_size + kpack - 1) // kpack), dtype="uint8")
-        zero_point = np.zeros((cols, (k_blocks + kpack - 1) // kpack), dtype="uint8")
-        scales = np.zeros((cols, k_blocks), dtype=np.float32)
-        # Columns are quantized independently (blocks run down a column), so a slice of columns at a
-        # time gives the same bytes while the fp32 copy is a slice, not the whole weight (lm_head: ~1 GB).
-        for c0 in range(0, cols, COLUMNS):
-            c1 = min(cols, c0 + COLUMNS)
-            if whole is not None:
-                part = np.ascontiguousarray(whole[:, c0:c1])
-            else:
-                part = np.ascontiguousarray(source[:, c0:c1].float().numpy())
-            if k_blocks * block_size > rows:
-                part = np.pad(part, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
-            p_packed, p_zero, p_scales = packed[c0:c1].copy(), zero_point[c0:c1].copy(), scales[c0:c1].copy()
-            kernel(p_packed, part, p_scales, p_zero, block_size, c1 - c0, rows, symmetric)
-            packed[c0:c1], zero_point[c0:c1], scales[c0:c1] = p_packed, p_zero, p_scales
-        del whole
-        if source is not None:
-            release_mapped_pages(source)
-        count += 1
-        inputs = [node.inputs[0]]
-        for name, array in ((f"{weight.name}_Q{bits}", packed), (f"{weight.name}_scales", scales),
-                            *(((f"{weight.name}_zero_points", zero_point),) if not symmetric else ())):
-            value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(ir.tensor(array).dtype),
-                             const_value=ir.tensor(array, name=name))
-            graph.register_initializer(value)
-            inputs.append(value)
-        attributes: dict[str, Any] = {"K": rows, "N": cols, "bits": bits, "block_size": block_size}
-        if accuracy:
-            attributes["accuracy_level"] = int(accuracy)
-        output = node.outputs[0]
-        replacement = ir.Node("com.microsoft", "MatMulNBits", inputs,
-                              attributes=ir.convenience.convert_attributes(dict(sorted(attributes.items()))),
-                              name=f"{node.name}_Q{bits}" if node.name else "", num_outputs=1)
-        graph.insert_before(node, replacement)
-        new_output = replacement.outputs[0]
-        new_output.shape, new_output.type = output.shape, output.type
-        name = output.name
-        output.replace_all_uses_with(new_output, replace_graph_outputs=True)
-        graph.remove(node, safe=True)
-        new_output.name = name
-        if not weight.uses():
-            graph.initializers.pop(weight.name)  # the fp32 weight (and the checkpoint tensor it reads) goes
+        if node.op_type == "MatMul":
+            count += _quantize_matmul(graph, node, kernel, bits, block_size, symmetric, accuracy)
     # Read by the tests and the convert log's reader: the streaming path ran.
     print(f"relctl: quantized {count} MatMul weights one at a time", flush=True)
     return model.model
+
+
+def _constant_2d(value: Any) -> tuple[Any, np.ndarray | None] | None:
+    """(lazy checkpoint source, None) or (None, the whole fp32 array) for a 2-D fp32 initializer; None for
+    anything the quantizer would not take here (not constant, not 2-D, not fp32: GPU builds)."""
+    if value is None or value.const_value is None or not value.is_initializer() or len(value.shape or ()) != 2:
+        return None
+    source = _lazy_source(value.const_value)
+    if source is not None:
+        return source, None
+    whole = np.ascontiguousarray(value.const_value.numpy())
+    return (None, whole) if whole.dtype == np.float32 else None
+
+
+def _read(source: Any, whole: np.ndarray | None, rows: slice, cols: slice) -> np.ndarray:
+    if whole is not None:
+        return np.ascontiguousarray(whole[rows, cols])
+    return np.ascontiguousarray(source[rows, cols].float().numpy())
+
+
+def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
+    ir = _ir()
+    tensor = ir.tensor(array, name=name)
+    value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(tensor.dtype), const_value=tensor)
+    graph.register_initializer(value)
+    return value
+
+
+def _replace(graph: Any, node: Any, op_type: str, inputs: list[Any], attributes: dict[str, Any], name: str,
+             weight: Any, source: Any) -> None:
+    """Put a com.microsoft `op_type` node where `node` was (same output name), drop the fp32 weight, and
+    hand its checkpoint pages back."""
+    ir = _ir()
+    output = node.outputs[0]
+    replacement = ir.Node("com.microsoft", op_type, inputs,
+                          attributes=ir.convenience.convert_attributes(dict(sorted(attributes.items()))),
+                          name=name, num_outputs=1)
+    graph.insert_before(node, replacement)
+    new_output = replacement.outputs[0]
+    new_output.shape, new_output.type = output.shape, output.type
+    output_name = output.name
+    output.replace_all_uses_with(new_output, replace_graph_outputs=True)
+    graph.remove(node, safe=True)
+    new_output.name = output_name
+    if not weight.uses():
+        graph.initializers.pop(weight.name)  # the fp32 weight (and the checkpoint tensor it reads) goes
+    if source is not None:
+        release_mapped_pages(source)
+
+
+def _quantize_matmul(graph: Any, node: Any, kernel: Any, bits: int, block_size: int, symmetric: bool,
+                     accuracy: Any) -> int:
+    """MatMul -> MatMulNBits as the quantizer's QOperator path writes it; 1 if it was quantized."""
+    weight = node.inputs[1]
+    found = _constant_2d(weight)
+    if found is None:
+        return 0
+    source, whole = found
+    rows, cols = (int(d) for d in (whole.shape if whole is not None else source.shape))
+    kpack = 8 // bits
+    k_blocks = (rows + block_size - 1) // block_size
+    packed = np.zeros((cols, k_blocks, (block_size + kpack - 1) // kpack), dtype="uint8")
+    zero_point = np.zeros((cols, (k_blocks + kpack - 1) // kpack), dtype="uint8")
+    scales = np.zeros((cols, k_blocks), dtype=np.float32)
+    # Columns are quantized independently (blocks run down a column), so a slice of columns at a
+    # time gives the same bytes while the fp32 copy is a slice, not the whole weight (lm_head: ~1 GB).
+    for c0 in range(0, cols, COLUMNS):
+        c1 = min(cols, c0 + COLUMNS)
+        part = _read(source, whole, slice(None), slice(c0, c1))
+        if k_blocks * block_size > rows:
+            part = np.pad(part, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
+        p_packed, p_zero, p_scales = packed[c0:c1].copy(), zero_point[c0:c1].copy(), scales[c0:c1].copy()
+        kernel(p_packed, part, p_scales, p_zero, block_size, c1 - c0, rows, symmetric)
+        packed[c0:c1], zero_point[c0:c1], scales[c0:c1] = p_packed, p_zero, p_scales
+    del whole
+    inputs = [node.inputs[0], _initializer(graph, f"{weight.name}_Q{bits}", packed),
+              _initializer(graph, f"{weight.name}_scales", scales)]
+    if not symmetric:
+        inputs.append(_initializer(graph, f"{weight.name}_zero_points", zero_point))
+    attributes: dict[str, Any] = {"K": rows, "N": cols, "bits": bits, "block_size": block_size}
+    if accuracy:
+        attributes["accuracy_level"] = int(accuracy)
+    _replace(graph, node, "MatMulNBits", inputs, attributes, f"{node.name}_Q{bits}" if node.name else "",
+             weight, source)
+    return 1
 
 
 COLUMNS = 4096
