@@ -27,15 +27,28 @@ def widen_while_running(model: Any, torch: Any) -> int:
     """Make every module whose own parameters are not fp32 run on an fp32 copy of them, made just before
     its forward and dropped just after. Returns how many modules were wrapped (0 for an fp32 model).
 
-    The copies are written into one fp32 buffer sized for the largest module, allocated once: allocating a
+    The embedding table and the vocabulary projection are never widened whole (the largest weights of a
+    small model): a lookup is widened after the gather, the projection a slice of rows at a time. The
+    other copies are written into one fp32 buffer sized for the largest module, allocated once: allocating a
     fresh copy per module per forward made the kernel fault in and zero every page of it each time (the
     widening then cost as much as the computation: 16.3 s against 8.4 s for an fp32 load, 0.5B, 8 prompts,
     32 new tokens; see benchmarks/results/scaling.json for the stage's time now). A module that runs while
     another holds the buffer (nested own parameters) gets fresh copies instead."""
+    output_embeddings = model.get_output_embeddings()
     modules = []
     for module in model.modules():
         params = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.dtype != torch.float32]
-        if params:
+        if not params:
+            continue
+        # Exactly these classes: a subclass's own forward (Gemma's scaled embedding) may compute in the
+        # weight's dtype, so it is widened like any other module.
+        if type(module) is torch.nn.Embedding:
+            # A lookup widened after the gather is the same numbers as one from a widened table, without
+            # an fp32 copy of the whole table (151,936 x 1,536 x 4 bytes = 0.93 GB at Qwen2.5-1.5B).
+            module.register_forward_hook(lambda mod, args, output: output.float())
+        elif module is output_embeddings and type(module) is torch.nn.Linear:
+            module.forward = _chunked_linear(module, torch)  # the vocabulary projection, a slice at a time
+        else:
             modules.append((module, params))
     scratch = torch.empty(max((sum(p.numel() for p in params) for _, params in modules), default=0),
                           dtype=torch.float32)
@@ -69,6 +82,24 @@ def widen_while_running(model: Any, torch: Any) -> int:
             owner = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
             owner.register_buffer(name.rpartition(".")[2], buffer.float(), persistent=False)
     return len(modules)
+
+
+VOCAB_ROWS = 8192  # rows of the vocabulary projection widened at a time
+
+
+def _chunked_linear(module: Any, torch: Any) -> Any:
+    """The forward of a low-precision Linear computed in fp32 VOCAB_ROWS output rows at a time: the fp32
+    copy is a slice of the weight, not all of it (each output is the same dot product either way)."""
+    def forward(hidden: Any) -> Any:
+        weight, bias = module.weight, module.bias
+        out = hidden.new_empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32)
+        for r0 in range(0, weight.shape[0], VOCAB_ROWS):
+            r1 = min(weight.shape[0], r0 + VOCAB_ROWS)
+            out[..., r0:r1] = torch.nn.functional.linear(
+                hidden.float(), weight[r0:r1].float(), None if bias is None else bias[r0:r1].float())
+        return out
+
+    return forward
 
 
 class TorchReference(FolderFacts):
