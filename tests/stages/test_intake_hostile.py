@@ -97,3 +97,48 @@ def test_a_symlink_in_the_artifact_store_is_bad_input(project_dir: Path, tiny_ch
     result = promote(project_dir, run)
     assert result.exit_code == 2, result.output + result.stderr
     assert "config.json' is a symbolic link" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16", "F32", "F64"])
+def test_max_abs_and_non_finite_values_from_the_bit_patterns(tmp_path: Path, dtype: str) -> None:
+    """max |x| is exact for every float dtype (negative, subnormal and largest finite values), and a NaN
+    is told from an Inf wherever it sits in a chunk."""
+    import torch
+
+    from release.core import numerics
+
+    rng = np.random.default_rng(1)
+    torch_dtype = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}[dtype]
+    finfo = torch.finfo(torch_dtype)
+    values = torch.tensor(rng.standard_normal(5000) * 3, dtype=torch.float64).to(torch_dtype)
+    values[17] = -finfo.max  # the largest magnitude is negative
+    values[18] = finfo.smallest_normal / 4  # subnormal
+    path = tmp_path / "w.safetensors"
+
+    def write(tensor: torch.Tensor) -> None:
+        from safetensors.torch import save_file as save_torch
+
+        save_torch({"w": tensor.contiguous()}, str(path))
+
+    write(values)
+    assert tensor_max_abs([path]) == {"w": float(values.abs().max().double())}
+    write(values[18:19].abs())
+    assert tensor_max_abs([path]) == {"w": float(values[18].abs().double())}
+    old = numerics.CHUNK_ELEMENTS
+    try:
+        numerics.CHUNK_ELEMENTS = 1000  # the bad value in a later chunk than the first
+        for bad, name in ((float("inf"), "Inf"), (float("-inf"), "Inf"), (float("nan"), "NaN")):
+            poisoned = values.clone()
+            poisoned[4321] = bad
+            if name == "Inf":
+                poisoned[100] = float("-inf")
+            write(poisoned)
+            with pytest.raises(InputError, match=f"tensor 'w' contains {name}"):
+                tensor_max_abs([path])
+        both = values.clone()
+        both[3010], both[3020] = float("inf"), float("nan")  # one chunk: NaN is named over Inf
+        write(both)
+        with pytest.raises(InputError, match="contains NaN"):
+            tensor_max_abs([path])
+    finally:
+        numerics.CHUNK_ELEMENTS = old
