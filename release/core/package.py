@@ -15,6 +15,7 @@ about the model folder comes from the backend the manifest names (`release.backe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,16 +87,18 @@ def backend_entry(backend: Backend) -> dict[str, str]:
 
 
 def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict[str, Any],
-                  backend: Backend) -> PackageManifest:
+                  backend: Backend, link_model: bool = False) -> PackageManifest:
     """Copy the runtime model and source config into `out_dir` and write the manifest last.
 
     `fields` carries model_name, precision, lineage and serving (the serving config); the serving config
     hash covers it together with the backend's own runtime config (genai_config.json for onnxruntime-genai).
-    `backend`: the one that built `model_dir`.
+    `backend`: the one that built `model_dir`. `link_model`: hard-link the model files where the file
+    system allows (one copy on disk for a model relctl built itself; the manifest's digests still cover
+    every byte, and the runner re-hashes a stage output before reusing it).
     """
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(model_dir, tmp / "model")
+    shutil.copytree(model_dir, tmp / "model", copy_function=link_or_copy if link_model else shutil.copy2)
     (tmp / "source").mkdir()
     for name in SOURCE_FILES:
         if (source_dir / name).is_file():
@@ -114,6 +117,14 @@ def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return PackageManifest(root=out_dir, data=data)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link to `source`, or a copy where one cannot be made (another file system)."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def missing_runtime(backend: Backend, model_dir: Path, label: str) -> None:

@@ -354,7 +354,8 @@ class Promotion:
                   "exporter": {"exporter": c.backend, "versions": c.versions},
                   "lineage": report.lineage, "serving": self.cfg.serving.model_dump(), "validation": report.validation}
         out = pipe.run(PackageStage(PackageInputs(validation=validation.fingerprint, backend=c.backend, fields=fields,
-                                                  runtime_dir=candidate.path(c.model), source_dir=checkpoint)))
+                                                  link_model=True, runtime_dir=candidate.path(c.model),
+                                                  source_dir=checkpoint)))
         # Verified here, whether built now or resumed: gates serve it and register publishes it.
         manifest = verify_package(out.path(out.result.package))
         report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),

@@ -20,6 +20,10 @@ class PackageInputs(StageInputs):
     # model_name, precision, lineage, serving, validation: all recorded in the manifest.
     fields: dict[str, Any]
     into: str = "package"
+    # True when runtime_dir is a stage output of the same promote (relctl's own, never edited after it is
+    # built): the package's model files are hard links to it instead of a second copy on disk. A folder a
+    # user hands `relctl package` is always copied.
+    link_model: bool = False
     runtime_dir: Path = location()
     source_dir: Path = location()
 
@@ -39,7 +43,8 @@ class PackageStage(Stage[PackageInputs, PackageResult]):
     def run(self, out: Path) -> PackageResult:
         target = output_folder(out, self.inputs.into)
         backend = backend_for_folder(self.inputs.runtime_dir, self.inputs.backend)
-        manifest = build_package(target, self.inputs.runtime_dir, self.inputs.source_dir, self.inputs.fields, backend)
+        manifest = build_package(target, self.inputs.runtime_dir, self.inputs.source_dir, self.inputs.fields, backend,
+                                 link_model=self.inputs.link_model)
         return PackageResult(package=self.inputs.into, files=len(manifest.files),
                              serving_config_hash=manifest.serving_config_hash)
 

@@ -473,3 +473,21 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
         assert "TAMPERED" in tampered.stdout and "model/genai_config.json does not match" in tampered.stdout
     finally:
         target.write_bytes(original)
+
+
+def test_the_package_links_the_built_model_instead_of_copying_it(story: dict[str, Any], tmp_path: Path) -> None:
+    """One copy of the built model on the work disk: the package's model files are hard links to the
+    convert stage's output; a folder handed to `relctl package` is copied (its owner may edit it)."""
+    project, run2 = story["project"], story["runs"][1]
+    work = project / ".relctl" / "work" / run2
+    package = next(work.glob("package-*/package"))
+    built = next(work.glob("convert-*/model"))
+    weights = package / "model" / "model.onnx.data"
+    assert weights.stat().st_ino == (built / "model.onnx.data").stat().st_ino
+    assert weights.stat().st_nlink == 2
+    assert {p.name for p in (package / "model").iterdir()} == {p.name for p in built.iterdir()}
+    result = relctl(project, "package", str(built), str(next(work.glob("intake-*/checkpoint"))),
+                    str(tmp_path / "handed"), "--model-name", "handed", "--precision", "int4")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert (tmp_path / "handed" / "model" / "model.onnx.data").stat().st_nlink == 1
+    assert (built / "model.onnx.data").stat().st_nlink == 2
