@@ -253,12 +253,20 @@ def exact_match(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, rows
     return sum(a == r.expected for a, r in zip(answers, rows, strict=True)) / max(len(rows), 1)
 
 
+# The base model's name, recorded on both sides (config.json `_name_or_path`, adapter_config.json
+# `base_model_name_or_path`) so relctl can check that the adapter was trained on this base: transformers 5
+# no longer writes `_name_or_path`, and a local path is not a name.
+BASE_NAME = "relctl-examples/tiny-llm"
+
+
 def fix_config(folder: Path) -> None:
-    """transformers 5 writes rope_parameters only; older readers (and ORT's builder) want rope_theta."""
+    """transformers 5 writes rope_parameters only; older readers (and ORT's builder) want rope_theta. The
+    base's name, which transformers 5 no longer writes, is recorded."""
     path = folder / "config.json"
     config = json.loads(path.read_text())
     rope = config.get("rope_parameters") or {}
     config.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    config["_name_or_path"] = BASE_NAME
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -319,6 +327,9 @@ def _train_and_save(out_dir: Path, cfg: TrainConfig) -> TrainResult:
                                cfg.batch_size, cfg.seed + 1)
     result.eval_exact_match = exact_match(peft_model, tokenizer, eval_rows)
     peft_model.save_pretrained(str(ckpt), safe_serialization=True)
+    adapter_config = json.loads((ckpt / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = BASE_NAME  # peft records what it was given: nothing here
+    (ckpt / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")
     (ckpt / "README.md").unlink(missing_ok=True)  # PEFT's model-card stub; not part of the layout
     write_data(out_dir, train_rows + (safety_train if cfg.safety else []), eval_rows)
     report = {k: v for k, v in asdict(result).items() if k not in ("checkpoint_dir", "data_dir")}

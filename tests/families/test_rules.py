@@ -3,12 +3,14 @@ what the builder takes, what it is refused with, and the restated config it is g
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from release.backends.onnxruntime_genai.families import builder_config, genai_config_problems
-from release.lora.base_name import check_base_names
+from release.lora.base_name import NameCheck, check_base_names
 
 LLAMA_32_1B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "num_attention_heads": 32, "head_dim": 64,
@@ -90,3 +92,12 @@ def test_base_names(adapter: str | None, base: str, error: bool, warning: bool) 
     assert (check.error is not None, check.warning is not None) == (error, warning)
     if error:
         assert f"'{adapter}'" in str(check.error) and f"'{base}'" in str(check.error)
+
+
+def test_the_example_names_its_base_on_both_sides(tiny_checkpoint: Path) -> None:
+    """The flagship example is checked, not waved through: its adapter and base record the same name, so
+    a newcomer's first promote neither warns that names were not compared nor skips the check."""
+    adapter = json.loads((tiny_checkpoint / "adapter_config.json").read_text())
+    base = json.loads((tiny_checkpoint / "config.json").read_text())
+    assert check_base_names(adapter, base) == NameCheck()
+    assert check_base_names(adapter, {**base, "_name_or_path": "google/gemma-2-2b"}).error is not None
