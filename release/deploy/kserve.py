@@ -286,11 +286,12 @@ def _vllm_args(container: dict[str, Any], facts: VersionFacts) -> None:
 # serve reads a registered version from its cache (serve-cache/MODEL/VERSION under the project's state folder)
 # after checking it against the registry's manifest digest and the release signature; the entrypoint copies
 # the ModelCar's files there first (on the pod's own volume, no network): the signature check refuses a
-# package reached through a link, and a copy is also what stays put if the sidecar restarts. "$1" is the
-# container's MODEL/VERSION argument.
+# package reached through a link, and a copy is also what stays put if the sidecar restarts. --cached-only:
+# files that differ from the released package are refused (exit 2, the file named), never replaced by a
+# download from the registry's artifact store. "$1" is the container's MODEL/VERSION argument.
 MODELCAR_ENTRYPOINT = ('cache="${RELCTL_PROJECT_DIR:-/var/cache/relctl}/.relctl/serve-cache/$1" && '
                        'rm -rf "$cache" && mkdir -p "$cache" && cp -R /mnt/models/. "$cache/" && '
-                       'exec relctl serve --host 0.0.0.0 --port "${PORT:-8080}" '
+                       'exec relctl serve --cached-only --host 0.0.0.0 --port "${PORT:-8080}" '
                        '--project-dir "${RELCTL_PROJECT_DIR:-/var/cache/relctl}" "$@"')
 
 

@@ -16,18 +16,19 @@ from release.serving.source import resolve_package
 def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: Path,
           config_path: Path | None = None, ready_file: Path | None = None,
           on_ready: Callable[[dict[str, Any]], None] | None = None, api_key: str | None = None,
-          served_model_name: str | None = None) -> None:
+          served_model_name: str | None = None, cached_only: bool = False) -> None:
     """Verify and load `spec` and serve it until SIGINT/SIGTERM. `spec`: a package folder, MODEL@ALIAS,
     MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION (release.serving.source).
 
     Settings: `serving.server` of `config_path` (release.yaml) when given, else the package's own.
     `api_key`: required as `Authorization: Bearer <key>` on every path but /health. `served_model_name`:
     the model id clients see and send (default `<model>:<version>`; the X-Relctl-* headers always name
-    the registered version). `on_ready` receives {url, pid, model, serving_config, load_time_s}.
+    the registered version). `cached_only`: a registered version only from the serve cache (see
+    release.serving.source.resolve_package). `on_ready` receives {url, pid, model, serving_config, load_time_s}.
     """
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key: empty", hint="pass a non-empty key, or leave the option and RELCTL_API_KEY unset")
-    package = resolve_package(spec, project_dir)
+    package = resolve_package(spec, project_dir, cached_only=cached_only)
     settings = _settings(config_path) if config_path is not None else package_settings(package)
     state = load_state(package, settings, project_dir)
     state.api_key = api_key

@@ -49,9 +49,13 @@ def _project_dir(option: Path | None) -> Path:
                    "a command line is visible to other users)")
 @click.option("--served-model-name", default=None,
               help="model id clients see in /v1/models and send as 'model' [default: MODEL:VERSION]")
+@click.option("--cached-only", is_flag=True,
+              help="serve a registered version only from the serve cache, where a ModelCar or an init container "
+                   "put it: a missing or changed file is refused (exit 2), never downloaded again")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
-                  ready_file: Path | None, api_key: str | None, served_model_name: str | None) -> None:
+                  ready_file: Path | None, api_key: str | None, served_model_name: str | None,
+                  cached_only: bool) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
     in-flight requests."""
@@ -62,7 +66,8 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
                    f"model loaded in {info['load_time_s']:.2f}s", err=True)
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
-          ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name)
+          ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name,
+          cached_only=cached_only)
 
 
 @click.group("serving")

@@ -62,8 +62,12 @@ def parse_spec(spec: str) -> VersionRef:
                      hint=f"pass {SPEC_HELP}")
 
 
-def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None = None) -> ServedPackage:
-    """A verified package for `spec` (see the module docstring for the forms it takes)."""
+def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None = None,
+                    cached_only: bool = False) -> ServedPackage:
+    """A verified package for `spec` (see the module docstring for the forms it takes). `cached_only`: a
+    registered version is served from the cache or not at all: files put there by a ModelCar or an init
+    container that no longer match the registry's digest are refused naming the file (InputError),
+    instead of being replaced by a download that would hide the change."""
     path = Path(spec)
     trust = project_trust(project_dir, environ)
     if not spec.startswith("models:/") and path.is_dir():
@@ -71,7 +75,7 @@ def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None
         verify_signature(path, trust, path.name, folder=True, warn=_stderr)
         name = manifest.model_name or path.name
         return ServedPackage(manifest, Identity(name, UNREGISTERED, manifest.serving_config_hash))
-    return _from_registry(parse_spec(spec), project_dir, environ, trust)
+    return _from_registry(parse_spec(spec), project_dir, environ, trust, cached_only)
 
 
 def _stderr(message: str) -> None:
@@ -79,7 +83,7 @@ def _stderr(message: str) -> None:
 
 
 def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None,
-                   trust: Trust) -> ServedPackage:
+                   trust: Trust, cached_only: bool = False) -> ServedPackage:
     # mlflow loads only when serving from the registry, not for a package folder
     from release.pipeline.versions import fetch_package, verify_registered  # noqa: PLC0415
     from release.registry import Registry  # noqa: PLC0415
@@ -97,6 +101,15 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
         version = ref.version
     anchor = registry.get_version(ref.name, version).tags.get(T.MANIFEST_SHA256)
     cache = project_dir / STATE_DIR / "serve-cache" / ref.name / version
+    if cached_only:
+        if not cache.is_dir():
+            raise InputError(f"{ref.name}/{version}: not in the serve cache ({cache})",
+                             hint="the ModelCar or init container puts it there; without --cached-only serve "
+                                  "downloads it from the registry")
+        if anchor is None:
+            raise InputError(f"{ref.name}/{version}: the registry records no manifest digest for this version",
+                             hint="serve a version relctl released (promote or register)")
+        verify_package(cache, manifest_sha256=anchor)  # names the changed file
     manifest = _cached(cache, anchor)
     if manifest is not None:  # the cache matched the registry's digest; its signature is checked all the same
         verify_registered(cache, ref.name, version, str(anchor), trust, warn=_stderr)

@@ -9,8 +9,10 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from release.core.errors import InputError
 from release.core.hashing import sha256_tree
 from release.core.package import MANIFEST, SIGNATURE
 from release.registry import tags as T
@@ -239,5 +242,21 @@ def test_a_modelcar_on_a_base_image_is_kserves_storage_uri_and_relctl_serve_veri
         "RELCTL_TRUSTED_KEYS": str(project.public_key)})
     assert (served.identity.name, served.identity.version) == ("car-llm", "1")
     assert served.manifest.root == copied.parent and copied.stat().st_ino == inode
+    assert "exec relctl serve --cached-only " in c["command"][2]
+    # A ModelCar whose files differ from the released package: refused naming the file, not downloaded
+    # again from the artifact store (which would serve the registry's bytes and hide the changed image).
+    weights = next(p for p in copied.parent.rglob("*.onnx.data"))
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    registry_env = {"MLFLOW_TRACKING_URI": f"sqlite:///{project.root / '.relctl' / 'mlflow.db'}",
+                    "RELCTL_TRUSTED_KEYS": str(project.public_key)}
+    with pytest.raises(InputError, match=f"{weights.name}.*does not match its sha256"):
+        resolve_package("car-llm/1", state, registry_env, cached_only=True)
+    assert weights.read_bytes().endswith(b"\0")  # nothing fetched over it
+    refused = subprocess.run([str(Path(sys.executable).parent / "relctl"), "serve", "car-llm/1", "--cached-only",
+                              "--port", "0", "--project-dir", str(state)], env={**os.environ, **registry_env},
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2 and "does not match its sha256" in refused.stderr, refused.stderr
+    with pytest.raises(InputError, match="not in the serve cache"):
+        resolve_package("tiny-llm/1", state, registry_env, cached_only=True)
     not_published = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--modelcar")
     assert not_published.exit_code == 2 and "has not been published" in not_published.stderr.splitlines()[0]
