@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def build(module: str, checkpoint: Path, out: Path, precision: str) -> str:
     return run.stdout
 
 
-@pytest.mark.parametrize("precision", ["int4", "int8"])
+@pytest.mark.parametrize("precision", ["int4", "int8", "fp32"])
 def test_streaming_quantization_writes_the_builders_bytes(qwen: Path, tmp_path: Path, precision: str) -> None:
     theirs = tmp_path / "builder"
     ours = tmp_path / "relctl"
@@ -50,7 +51,12 @@ def test_streaming_quantization_writes_the_builders_bytes(qwen: Path, tmp_path: 
     log = build("release.backends.onnxruntime_genai.build_process", qwen, ours, precision)
     # Every case here streams: int4 tied (the embedding reads lm_head's int4 weight), and int8 or untied
     # (the embedding stays an fp32 Gather: the builder's default op types are MatMul only).
-    assert "MatMul weights one at a time" in log
+    assert ("MatMul weights one at a time" in log) == (precision != "fp32")
+    # The weights the builder casts lazily from the checkpoint are read through release_after_read: the
+    # embedding, and at fp32 the o/gate/up/down MatMul weights of both layers too (qkv is a concatenation
+    # the builder makes eagerly, not a view of the checkpoint).
+    wrapped = int(re.search(r"relctl: (\d+) weights hand their checkpoint pages back", log).group(1))  # type: ignore[union-attr]
+    assert wrapped >= (2 * 4 + 1 if precision == "fp32" else 1)
     assert log.rstrip().splitlines()[-1].startswith(PEAK_MARKER)
     for name in ("model.onnx", "model.onnx.data", "genai_config.json"):
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name

@@ -221,7 +221,11 @@ def _lazy_source(tensor: Any) -> Any:
     """The torch tensor a builder LazyTensor casts to fp32 when it is read (make_initializer's `to=` mode:
     the closure's `tensor`), when it is a 2-D floating torch tensor; else None (read the value whole)."""
     func = getattr(tensor, "_func", None)
-    if func is None or getattr(tensor, "dtype", None) != _ir().DataType.FLOAT or not func.__closure__:
+    if func is None or getattr(tensor, "dtype", None) != _ir().DataType.FLOAT:
+        return None
+    if hasattr(func, "relctl_source"):  # wrapped by release_after_read
+        return func.relctl_source
+    if not func.__closure__:
         return None
     import torch  # noqa: PLC0415 - the builder's own dependency
 
@@ -232,6 +236,28 @@ def _lazy_source(tensor: Any) -> Any:
             and tuple(source.shape) == tuple(int(d) for d in tensor.shape):
         return source
     return None
+
+
+def release_after_read(graph: Any) -> int:
+    """Make every initializer the builder casts lazily from a checkpoint tensor hand that tensor's mapped
+    pages back as soon as its fp32 copy is made (an fp32 build reads each weight once, when it is saved: the
+    checkpoint's pages otherwise stay in this process's RSS to the end). Returns how many were wrapped."""
+    wrapped = 0
+    for value in graph.initializers.values():
+        tensor = value.const_value
+        source = _lazy_source(tensor) if tensor is not None else None
+        if source is None:
+            continue
+
+        def read(func: Any = tensor._func, source: Any = source) -> Any:
+            copied = func()
+            release_mapped_pages(source)
+            return copied
+
+        read.__dict__["relctl_source"] = source  # read back by _lazy_source
+        tensor._func = read
+        wrapped += 1
+    return wrapped
 
 
 def install() -> None:
@@ -249,7 +275,13 @@ def install() -> None:
         def to_nbits(self: Any, original: Any = original) -> Any:
             return quantize_streaming(self) if _plain_case(self) else original(self)
 
+        def save_model(self: Any, out_dir: str, original: Any = model_class.save_model) -> Any:
+            wrapped = release_after_read(self.model.graph)
+            print(f"relctl: {wrapped} weights hand their checkpoint pages back once read", flush=True)
+            return original(self, out_dir)
+
         model_class.to_nbits = to_nbits
+        model_class.save_model = save_model
 
 
 def main() -> None:
