@@ -130,8 +130,8 @@ def added_specials(tokenizer: Any) -> tuple[str | None, str | None]:
 
 def check_tokenizer_parity(model_dir: Path, out: Path) -> bool:
     """Whether the converted folder's served tokenizer encodes the probes exactly like the training one."""
-    served = GenaiModel.load(out)
-    return compare_tokenizers(served.encode, model_dir / "tokenizer.json", list(EDGE_STRINGS)).passed
+    encode = GenaiModel.served_tokenizer(out)
+    return compare_tokenizers(encode, model_dir / "tokenizer.json", list(EDGE_STRINGS)).passed
 
 
 def last_line(path: Path) -> str:

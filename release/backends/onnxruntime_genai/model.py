@@ -12,7 +12,7 @@ the BOS that the training tokenizer's post-processor adds, whatever tokenizer_co
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,8 @@ def kv_floor(genai_config: dict[str, Any]) -> int:
 
 
 def open_tokenizer(model: Any) -> Any:
-    """The og.Tokenizer of a loaded og.Model, configured to add special tokens like the training one."""
+    """The og.Tokenizer of a loaded og.Model (or of an og.Config: the tokenizer alone, no weights loaded),
+    configured to add special tokens like the training one."""
     import onnxruntime_genai as og  # noqa: PLC0415 - loads native libraries; only when a model is loaded
 
     tokenizer = og.Tokenizer(model)
@@ -73,6 +74,15 @@ class GenaiModel:
         self._config = genai_config
         self._session: Any = None
         self._session_lock = threading.Lock()
+
+    @staticmethod
+    def served_tokenizer(model_dir: Path) -> Callable[[str], list[int]]:
+        """`encode` as the served model tokenizes, from the folder's config and tokenizer files alone (the
+        weights are not loaded: an fp32 1.5B model is 6 GB)."""
+        import onnxruntime_genai as og  # noqa: PLC0415
+
+        tokenizer = open_tokenizer(og.Config(str(model_dir)))
+        return lambda text: [int(i) for i in tokenizer.encode(text)]
 
     @classmethod
     def load(cls, model_dir: Path, execution_provider: str = "cpu") -> GenaiModel:
