@@ -75,6 +75,15 @@ class Comparison:
     chosen: EngineRow | None
     why: list[str] = field(default_factory=list)
     plan: dict[str, Any] = field(default_factory=dict)
+    # The load gate's result per row label, when it ran as release.yaml configures it (no engine price of
+    # its own): the release's own load gate on the same package would measure the same thing again.
+    load_results: dict[str, GateResult] = field(default_factory=dict)
+
+    def load_result_for(self, row: EngineRow | None, content_sha256: str | None) -> GateResult | None:
+        """The load gate's result for `row` when its package is the one released (same content digest)."""
+        if row is None or content_sha256 is None or row.package_content_sha256 != content_sha256:
+            return None
+        return self.load_results.get(row.label)
 
     def to_dict(self) -> dict[str, Any]:
         return {"selection": self.selection, "plan": self.plan, "rows": [asdict(r) for r in self.rows],
@@ -126,6 +135,7 @@ def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[Engi
     if gate is None:  # engine_problems refused this before any stage ran
         raise InputError("engines: needs gates.load", hint="add a gates.load block, or remove engines:")
     rows = []
+    load_results: dict[str, GateResult] = {}
     for entry in cfg.engines:
         row = EngineRow(entry.backend, entry.precision)
         rows.append(row)
@@ -142,10 +152,14 @@ def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[Engi
         row.package_content_sha256 = built.content_sha256
         if built.package_dir is None:
             continue
-        result = run_gate(_priced(gate, entry), context(entry, built.package_dir))
+        priced = _priced(gate, entry)
+        result = run_gate(priced, context(entry, built.package_dir))
         progress.note(f"engines: {row.label}: load {result.status}: {result.reason}")
         _load(row, result)
-    return Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate))
+        if priced is gate:
+            load_results[row.label] = result
+    return Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate),
+                      load_results=load_results)
 
 
 def decide(comparison: Comparison, cfg: ReleaseConfig) -> EngineRow | None:

@@ -31,7 +31,7 @@ from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
 from release.pipeline.contract import ContractReport, require_contract
-from release.pipeline.engines import EngineBuild, compare_engines, decide, engines_section
+from release.pipeline.engines import Comparison, EngineBuild, compare_engines, decide, engines_section
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
@@ -80,6 +80,7 @@ class Promotion:
         self.config_path = config_path
         self.progress = progress
         self.gate_results: list[GateResult] = []
+        self.engines: Comparison | None = None  # the engines comparison, when release.yaml lists engines
         self.gates_markdown: str | None = None
         self.pipeline: Pipeline | None = None
         self.recorded: dict[str, float] = {}   # numbers logged to the version's LoggedModel by this release
@@ -275,6 +276,7 @@ class Promotion:
             raise
         finally:  # the table, with each row's reason, whether or not an engine qualified
             report.engines = comparison.to_dict()
+            self.engines = comparison
         if comparison.selection != "auto" or chosen is None:
             return backend
         self.cfg = with_engine(EngineConfig(backend=chosen.engine, precision=chosen.precision))
@@ -379,7 +381,12 @@ class Promotion:
                                version=version, should_stop=self._stop_check(name, production, version),
                                project_dir=self.project_dir)
 
-        results = run_phase_gates(selected, context_for, self.progress, None)
+        measured: dict[str, GateResult] = {}
+        if phase == "before_register" and self.engines is not None and not _replays_production(gates, production):
+            load = self.engines.load_result_for(self.engines.chosen, report.package.get("content_sha256"))
+            if load is not None:
+                measured[load.gate] = load
+        results = run_phase_gates(selected, context_for, self.progress, None, measured)
         self.gate_results += results
         report.gates += [result_to_dict(r) for r in results]
         for result in results:
@@ -615,3 +622,11 @@ class Promotion:
         # Once: what the version's LoggedModel did not already record through this run.
         run.log_metrics(self._unrecorded(report))
         run.set_tags({T.OUTCOME: report.outcome})
+
+
+def _replays_production(gates: list[Gate], production: ProductionRef | None) -> bool:
+    """Whether the release's load gate would also replay its plan against production (evidence the engines
+    comparison, which runs before production is looked up, does not have): then it runs again."""
+    config = getattr(next((g for g in gates if g.id == "load"), None), "config", None)
+    return (production is not None and bool(getattr(config, "compare_production", False))
+            and not getattr(config, "sweep", None))

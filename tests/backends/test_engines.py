@@ -123,6 +123,11 @@ def test_auto_releases_the_cheapest_engine_that_met_quality_and_slos(compared: d
     assert any(line.startswith(f"not {other[0]} {other[1]}: dearer") for line in engines["why"])
     # The released package is the chosen engine's, resumed from the folder the comparison built.
     assert report["package"]["content_sha256"] == rows[cheapest]["package_content_sha256"]
+    # Its load gate is the comparison's measurement of that very package (same plan and price), not a
+    # second run of the same test.
+    assert "measured in the engines comparison on this package, not run again" in compared["promote"].stderr
+    gate = next(g for g in report["gates"] if g["gate"] == "load")
+    assert gate["metrics"]["output_token_throughput"] == pytest.approx(rows[cheapest]["output_tokens_per_s"])
 
 
 def test_an_engine_that_fails_quality_is_rejected_with_the_reason(compared: dict[str, Any]) -> None:
