@@ -12,6 +12,7 @@ the resident model is the checkpoint's size plus one module's fp32 copy.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -175,10 +176,13 @@ class TorchReference(FolderFacts):
     def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
         generated: list[int] = []
         past, step = None, list(input_ids)
+        # transformers 5.25 names the KV cache `cache` (`past_key_values` is deprecated, removed in 5.40);
+        # earlier releases only know `past_key_values`.
+        name = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
         while len(generated) < max_new_tokens and len(input_ids) + len(generated) < self._context:
             with self._torch.no_grad():
-                out = self._model(self._torch.tensor([step]), past_key_values=past, use_cache=True)
-            past = out.past_key_values
+                out = self._model(self._torch.tensor([step]), use_cache=True, **{name: past})
+            past = getattr(out, name)
             token = int(out.logits[0, -1].argmax())
             generated.append(token)
             if token in self._eos:
