@@ -11,8 +11,9 @@ Per stage (attributed by the progress lines promote prints as each stage finishe
   seconds         wall time of the stage
   peak_rss_bytes  the largest sum of RSS over relctl and every process it started (the builder, the
                   reference worker), sampled every 0.1 s from /proc through psutil
-The whole promote: peak RSS (the same tree sum) against the checkpoint's bytes, the work folder's size
-on disk at the end, and two floors measured on the same input:
+The whole promote: peak RSS (the same tree sum) against the checkpoint's bytes, disk at the end (all of
+`.relctl/`, and what relctl wrote there: its work folder and the registered files, without the training
+run's logged checkpoint; hard links counted once), and two floors measured on the same input:
   read_once_s     reading and hashing the checkpoint once (page cache warm: the promote's own reads are too)
   builder_alone   onnxruntime-genai's model builder run by hand on the checkpoint at that precision
                   (seconds and peak RSS): what convert cannot go below
@@ -101,8 +102,18 @@ def weights_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
-def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+def folder_bytes(folder: Path, skip: Path | None = None) -> int:
+    """Bytes on disk under `folder` (a file with several hard links counted once), leaving out `skip`."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for p in folder.rglob("*"):
+        if not p.is_file() or p.is_symlink() or (skip is not None and p.is_relative_to(skip)):
+            continue
+        stat = p.stat()
+        if (stat.st_dev, stat.st_ino) not in seen:
+            seen.add((stat.st_dev, stat.st_ino))
+            total += stat.st_size
+    return total
 
 
 class TreeSampler:
@@ -194,7 +205,11 @@ def promote(size: str, precision: str, work: Path) -> dict[str, Any]:
     return {"size": size, "precision": precision, "exit_code": proc.returncode, "outcome": report.get("outcome"),
             "checkpoint_bytes": ckpt_bytes, "total_s": round(total, 1), "peak_rss_bytes": peak,
             "peak_over_checkpoint": round(peak / ckpt_bytes, 2),
-            "work_disk_bytes": folder_bytes(project / ".relctl"), "stages": stages}
+            "work_disk_bytes": folder_bytes(project / ".relctl"),
+            # What relctl itself wrote: the work folder and the registered files, not the training run's
+            # logged checkpoint (the input, in the same local artifact store here).
+            "relctl_disk_bytes": folder_bytes(project / ".relctl", skip=project / ".relctl" / "artifacts" / "scaling"),
+            "stages": stages}
 
 
 def read_once_s(ckpt: Path) -> float:
@@ -238,9 +253,12 @@ def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
             continue
         x = [float(r["checkpoint_bytes"]) for r in points]
         line: dict[str, list[float]] = {}
-        for key, values in (("peak_rss_bytes", [float(r["peak_rss_bytes"]) for r in points]),
-                            ("work_disk_bytes", [float(r["work_disk_bytes"]) for r in points]),
-                            ("minutes", [r["total_s"] / 60 for r in points])):
+        series = [("peak_rss_bytes", [float(r["peak_rss_bytes"]) for r in points]),
+                  ("work_disk_bytes", [float(r["work_disk_bytes"]) for r in points]),
+                  ("minutes", [r["total_s"] / 60 for r in points])]
+        if all("relctl_disk_bytes" in r for r in points):
+            series.append(("relctl_disk_bytes", [float(r["relctl_disk_bytes"]) for r in points]))
+        for key, values in series:
             n = len(x)
             mx, my = sum(x) / n, sum(values) / n
             slope = sum((a - mx) * (b - my) for a, b in zip(x, values, strict=True)) / sum((a - mx) ** 2 for a in x)
@@ -268,6 +286,11 @@ def main() -> None:
             row["floors"] = {"read_once_s": read_once_s(ckpt)}
             if not args.no_floors:
                 row["floors"]["builder_alone"] = builder_alone(ckpt, precision, args.work)
+            else:  # the builder alone does not change with relctl: keep the one measured before, if any
+                kept = json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.is_file() else {}
+                earlier = kept.get(f"{args.label}/{size}/{precision}", {}).get("floors", {}).get("builder_alone")
+                if earlier is not None:
+                    row["floors"]["builder_alone"] = earlier
             row["loadavg"] = [load_before, os.getloadavg()]
             shutil.rmtree(args.work / f"{size}-{precision}", ignore_errors=True)
             print(json.dumps(row, indent=2))
