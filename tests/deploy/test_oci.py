@@ -245,7 +245,7 @@ def test_a_modelcar_on_a_base_image_is_kserves_storage_uri_and_relctl_serve_veri
     assert "exec relctl serve --cached-only " in c["command"][2]
     # A ModelCar whose files differ from the released package: refused naming the file, not downloaded
     # again from the artifact store (which would serve the registry's bytes and hide the changed image).
-    weights = next(p for p in copied.parent.rglob("*.onnx.data"))
+    weights = sorted(p for p in (copied.parent / "model").iterdir() if p.is_file())[0]
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
     registry_env = {"MLFLOW_TRACKING_URI": f"sqlite:///{project.root / '.relctl' / 'mlflow.db'}",
                     "RELCTL_TRUSTED_KEYS": str(project.public_key)}
