@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,26 +11,15 @@ import pytest
 
 from release.backends.onnxruntime_genai.build_process import PEAK_MARKER
 from release.backends.onnxruntime_genai.builder import builder_peak
+from tests.backends.checkpoints import tiny_bf16_qwen
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def qwen(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
     """A tiny bf16 Qwen2 with tied embeddings (int4 then shares the embedding with lm_head, as Qwen2.5-1.5B
-    does) or untied ones (int4 quantizes the embedding Gather on its own, as Llama-3-8B's)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
+    does) or untied ones (the embedding stays an fp32 Gather, as the builder leaves Llama-3-8B's)."""
     out = tmp_path_factory.mktemp(f"{request.param}-qwen") / "checkpoint"
-    out.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_checkpoint / name, out / name)
-    vocab = json.loads((tiny_checkpoint / "config.json").read_text())["vocab_size"]
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=request.param == "tied")).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return tiny_bf16_qwen(out, tiny_checkpoint, tied=request.param == "tied")
 
 
 def build(module: str, checkpoint: Path, out: Path, precision: str) -> str:

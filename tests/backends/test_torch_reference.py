@@ -3,32 +3,18 @@ load of the same checkpoint."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from release.backends.torch_reference import TorchReference
+from tests.backends.checkpoints import tiny_bf16_qwen
 
 
 @pytest.fixture(scope="module")
 def bf16_checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    out = tmp_path_factory.mktemp("bf16-qwen") / "checkpoint"
-    out.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_checkpoint / name, out / name)
-    vocab = json.loads((tiny_checkpoint / "config.json").read_text())["vocab_size"]
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=128, intermediate_size=256,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         tie_word_embeddings=True)).to(torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+    return tiny_bf16_qwen(tmp_path_factory.mktemp("bf16-qwen") / "checkpoint", tiny_checkpoint, tied=True)
 
 
 def test_bf16_checkpoint_is_computed_in_fp32(bf16_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
