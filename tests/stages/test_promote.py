@@ -484,10 +484,11 @@ def test_the_package_links_the_built_model_instead_of_copying_it(story: dict[str
     built = next(work.glob("convert-*/model"))
     weights = package / "model" / "model.onnx.data"
     assert weights.stat().st_ino == (built / "model.onnx.data").stat().st_ino
-    assert weights.stat().st_nlink == 2
+    links = weights.stat().st_nlink  # 2, or more once another test re-promoted this run (another package folder)
+    assert links >= 2
     assert {p.name for p in (package / "model").iterdir()} == {p.name for p in built.iterdir()}
     result = relctl(project, "package", str(built), str(next(work.glob("intake-*/checkpoint"))),
                     str(tmp_path / "handed"), "--model-name", "handed", "--precision", "int4")
     assert result.exit_code == 0, result.output + result.stderr
     assert (tmp_path / "handed" / "model" / "model.onnx.data").stat().st_nlink == 1
-    assert (built / "model.onnx.data").stat().st_nlink == 2
+    assert (built / "model.onnx.data").stat().st_nlink == links
