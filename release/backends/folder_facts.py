@@ -5,6 +5,7 @@ own encode / decode / generate_ids. The model vLLM serves and the PyTorch refere
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ def model_facts(model_dir: Path) -> tuple[dict[str, Any], list[int]]:
     return config, [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
 
 
-class FolderFacts:
+class FolderFacts(ABC):
     """The context length and EOS ids of a built folder, read once (model_facts): shared by the model vLLM
     serves and the PyTorch reference beside it."""
 
@@ -42,14 +43,14 @@ class FolderFacts:
         return list(self._eos)
 
     # What a subclass provides; generate builds on them.
-    def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str: ...
 
-    def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
-        raise NotImplementedError
+    @abstractmethod
+    def generate_ids(self, input_ids: list[int], max_new_tokens: int) -> list[int]: ...
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         ids = self.encode(prompt)

@@ -58,7 +58,7 @@ def widen_while_running(model: Any, torch: Any) -> int:
     for module, params in modules:
         def widen(mod: Any, args: Any, params: list[Any] = params) -> None:
             mod._relctl_scratch = not busy[0]
-            busy[0] = True if mod._relctl_scratch else busy[0]
+            busy[0] = True  # held by this module, or already by an outer one
             offset = 0
             for p in params:
                 p._stored = p.data
@@ -93,11 +93,12 @@ def _chunked_linear(module: Any, torch: Any) -> Any:
     copy is a slice of the weight, not all of it (each output is the same dot product either way)."""
     def forward(hidden: Any) -> Any:
         weight, bias = module.weight, module.bias
-        out = hidden.new_empty(*hidden.shape[:-1], weight.shape[0], dtype=torch.float32)
+        hidden = hidden.float()
+        out = hidden.new_empty(*hidden.shape[:-1], weight.shape[0])
         for r0 in range(0, weight.shape[0], VOCAB_ROWS):
             r1 = min(weight.shape[0], r0 + VOCAB_ROWS)
             out[..., r0:r1] = torch.nn.functional.linear(
-                hidden.float(), weight[r0:r1].float(), None if bias is None else bias[r0:r1].float())
+                hidden, weight[r0:r1].float(), None if bias is None else bias[r0:r1].float())
         return out
 
     return forward

@@ -129,6 +129,16 @@ class BaseImage:
     config: dict[str, Any]
 
 
+def _pinned_manifest(client: Any, container: Any, ref: OciRef, uri: str, accept: str, label: str, hint: str) -> Any:
+    """The manifest at `ref`'s digest, checked to hash to that digest (InputError `label: ...` otherwise)."""
+    response = client.do_request(f"{client.prefix}://{container.manifest_url(ref.digest)}", "GET",
+                                 headers={"Accept": accept})
+    _check(response, f"read of {uri}")
+    if _sha256(response.content) != ref.digest:
+        raise InputError(f"{label}: the registry answered a manifest whose sha256 is not the pinned digest", hint=hint)
+    return json.loads(response.content)
+
+
 def read_base(uri: str) -> BaseImage:
     """The image manifest and config of `uri` (pinned by digest, one platform), every digest checked."""
     ref = parse_oci(uri)
@@ -138,13 +148,9 @@ def read_base(uri: str) -> BaseImage:
     client = _client(ref)
     try:
         container = _container(client, ref)
-        response = client.do_request(f"{client.prefix}://{container.manifest_url(ref.digest)}", "GET",
-                                     headers={"Accept": ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST_TYPE, *INDEX_TYPES))})
-        _check(response, f"read of {uri}")
-        if _sha256(response.content) != ref.digest:
-            raise InputError(f"--base {uri}: the registry answered a manifest whose sha256 is not the pinned digest",
-                             hint="the registry is serving other bytes for that digest")
-        manifest = json.loads(response.content)
+        manifest = _pinned_manifest(client, container, ref, uri,
+                                    ", ".join((MANIFEST_TYPE, DOCKER_MANIFEST_TYPE, *INDEX_TYPES)),
+                                    f"--base {uri}", "the registry is serving other bytes for that digest")
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
             raise InputError(f"--base {uri}: an index of platforms, not one image",
                              hint="pin the linux/amd64 image's own digest (crane digest --platform linux/amd64 IMAGE)")
@@ -235,13 +241,8 @@ def pull_artifact(uri: str, dest: Path) -> Path:
     client = _client(ref)
     try:
         container = _container(client, ref)
-        url = f"{client.prefix}://{container.manifest_url(ref.digest)}"
-        response = client.do_request(url, "GET", headers={"Accept": MANIFEST_TYPE})
-        _check(response, f"read of {uri}")
-        if _sha256(response.content) != ref.digest:
-            raise InputError(f"{uri}: the registry answered a manifest whose sha256 is not the pinned digest",
-                             hint="the registry is serving other bytes than were published; do not deploy them")
-        manifest = json.loads(response.content)
+        manifest = _pinned_manifest(client, container, ref, uri, MANIFEST_TYPE, uri,
+                                    "the registry is serving other bytes than were published; do not deploy them")
         # The package's layer: the one named models (a base image's layers below it are not the package).
         layers = [d for d in manifest.get("layers", []) if d.get("mediaType") == LAYER_TYPE
                   and (d.get("annotations") or {}).get(TITLE) == MODELS_DIR]

@@ -31,7 +31,14 @@ from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
 from release.pipeline.contract import ContractReport, require_contract
-from release.pipeline.engines import Comparison, EngineBuild, compare_engines, decide, engines_section
+from release.pipeline.engines import (
+    Comparison,
+    EngineBuild,
+    compare_engines,
+    decide,
+    engines_section,
+    load_gate,
+)
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
 from release.pipeline.progress import Progress
@@ -627,6 +634,6 @@ class Promotion:
 def _replays_production(gates: list[Gate], production: ProductionRef | None) -> bool:
     """Whether the release's load gate would also replay its plan against production (evidence the engines
     comparison, which runs before production is looked up, does not have): then it runs again."""
-    config = getattr(next((g for g in gates if g.id == "load"), None), "config", None)
+    config = getattr(load_gate(gates), "config", None)
     return (production is not None and bool(getattr(config, "compare_production", False))
             and not getattr(config, "sweep", None))

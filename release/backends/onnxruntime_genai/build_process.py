@@ -19,6 +19,7 @@ On exit it prints `relctl-builder-peak-rss-bytes <n>` (its ru_maxrss) as its las
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import resource
 import runpy
@@ -92,10 +93,11 @@ def _constant_2d(value: Any) -> tuple[Any, np.ndarray | None] | None:
     return (None, whole) if whole.dtype == np.float32 else None
 
 
-def _read(source: Any, whole: np.ndarray | None, rows: slice, cols: slice) -> np.ndarray:
+def _columns(source: Any, whole: np.ndarray | None, c0: int, c1: int) -> np.ndarray:
+    """Columns c0:c1 of the weight at fp32, contiguous."""
     if whole is not None:
-        return np.ascontiguousarray(whole[rows, cols])
-    return np.ascontiguousarray(source[rows, cols].float().numpy())
+        return np.ascontiguousarray(whole[:, c0:c1])
+    return np.ascontiguousarray(source[:, c0:c1].float().numpy())
 
 
 def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
@@ -106,13 +108,13 @@ def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
     return value
 
 
-def _replace(graph: Any, node: Any, op_type: str, inputs: list[Any], attributes: dict[str, Any], name: str,
+def _replace(graph: Any, node: Any, inputs: list[Any], attributes: dict[str, Any], name: str,
              weight: Any, source: Any) -> None:
-    """Put a com.microsoft `op_type` node where `node` was (same output name), drop the fp32 weight, and
+    """Put a com.microsoft MatMulNBits node where `node` was (same output name), drop the fp32 weight, and
     hand its checkpoint pages back."""
     ir = _ir()
     output = node.outputs[0]
-    replacement = ir.Node("com.microsoft", op_type, inputs,
+    replacement = ir.Node("com.microsoft", "MatMulNBits", inputs,
                           attributes=ir.convenience.convert_attributes(dict(sorted(attributes.items()))),
                           name=name, num_outputs=1)
     graph.insert_before(node, replacement)
@@ -146,7 +148,7 @@ def _quantize_matmul(graph: Any, node: Any, kernel: Any, bits: int, block_size: 
     # time gives the same bytes while the fp32 copy is a slice, not the whole weight (lm_head: ~1 GB).
     for c0 in range(0, cols, COLUMNS):
         c1 = min(cols, c0 + COLUMNS)
-        part = _read(source, whole, slice(None), slice(c0, c1))
+        part = _columns(source, whole, c0, c1)
         if k_blocks * block_size > rows:
             part = np.pad(part, ((0, k_blocks * block_size - rows), (0, 0)), "constant")
         p_packed, p_zero, p_scales = packed[c0:c1].copy(), zero_point[c0:c1].copy(), scales[c0:c1].copy()
@@ -160,8 +162,7 @@ def _quantize_matmul(graph: Any, node: Any, kernel: Any, bits: int, block_size: 
     attributes: dict[str, Any] = {"K": rows, "N": cols, "bits": bits, "block_size": block_size}
     if accuracy:
         attributes["accuracy_level"] = int(accuracy)
-    _replace(graph, node, "MatMulNBits", inputs, attributes, f"{node.name}_Q{bits}" if node.name else "",
-             weight, source)
+    _replace(graph, node, inputs, attributes, f"{node.name}_Q{bits}" if node.name else "", weight, source)
     return 1
 
 
@@ -171,6 +172,7 @@ M_MMAP_THRESHOLD = -3   # <malloc.h>
 MMAP_THRESHOLD_BYTES = 1 << 20
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
