@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from release import __version__
-from release.commands.support import Ctx, emit, fail, handled, json_option
+from release.commands.support import Ctx, emit, fail, handled, json_option, quiet_on_closed_stdout
 from release.core.errors import InputError
 from release.pipeline.failure import raise_on_sigterm
 
@@ -57,6 +57,17 @@ class RelctlGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist_global_options(self, args))
 
+    # A closed stdout (`relctl ... | head`) ends every command quietly with exit 0, help and usage included:
+    # here, inside click's own handler (which would exit 1), and in `handled` for the commands' bodies.
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        with quiet_on_closed_stdout():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with quiet_on_closed_stdout():
+            return super().invoke(ctx)
+
 
 @click.group(cls=RelctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relctl")
@@ -83,11 +94,14 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Append a markdown summary to this file, e.g. \"$GITHUB_STEP_SUMMARY\" (also when blocked).")
+@click.option("--keep-going", is_flag=True,
+              help="Run every gate even after one failed (default: the later gates are skipped, the release "
+                   "is blocked either way).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, summary_path: Path | None, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, keep_going: bool, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.pipeline.progress import Progress
@@ -99,7 +113,8 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
     if model_name:
         overrides["model"] = model_name
     progress = Progress(quiet=ctx.quiet)
-    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path)
+    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path,
+                         keep_going)
     if report.outcome == "awaiting-approval":
         done = (f"{report.model} v{report.version} passed its gates and waits for an approval: "
                 f"relctl approve {report.model}/{report.version} --reason ...")

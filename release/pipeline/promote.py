@@ -80,8 +80,9 @@ from release.stages.validate import ValidateInputs, ValidateResult, ValidateStag
 
 class Promotion:
     def __init__(self, cfg: ReleaseConfig, store: Store, project_dir: Path, config_path: Path | None,
-                 progress: Progress) -> None:
+                 progress: Progress, keep_going: bool = False) -> None:
         self.cfg = cfg
+        self.keep_going = keep_going  # run every gate even after one failed (promote --keep-going)
         self.registry = Registry(store)
         self.project_dir = project_dir
         self.config_path = config_path
@@ -393,7 +394,7 @@ class Promotion:
             load = self.engines.load_result_for(self.engines.chosen, report.package.get("content_sha256"))
             if load is not None:
                 measured[load.gate] = load
-        results = run_phase_gates(selected, context_for, self.progress, None, measured)
+        results = run_phase_gates(selected, context_for, self.progress, None, measured, self.keep_going)
         self.gate_results += results
         report.gates += [result_to_dict(r) for r in results]
         for result in results:

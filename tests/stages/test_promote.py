@@ -229,6 +229,10 @@ def test_undertrained_candidate_fails_eval_and_production_is_untouched(
     error = result.stderr.strip().splitlines()[-2]
     assert error.startswith("error: gate 'eval' failed: ") and "exact_match" in error
     report = json.loads(result.stdout)
+    assert "✗ gate eval" in result.stderr and "✓ gate eval" not in result.stderr
+    # The gates after the failed one did not run: recorded as skipped, naming the gate that failed.
+    later = report["gates"][[g["gate"] for g in report["gates"]].index("eval") + 1:]
+    assert later and all(g["status"] == "skipped" and "gate 'eval' failed first" in g["reason"] for g in later)
     eval_result = next(g for g in report["gates"] if g["gate"] == "eval")
     check = next(c for c in eval_result["thresholds"] if c["metric"] == "exact_match" and c["kind"] == "absolute")
     assert check["passed"] is False and check["bound"] == 0.8 and check["value"] < 0.5
