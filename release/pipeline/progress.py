@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 HEARTBEAT_S = 10.0
-MARKS = {"pass": "[green]✓[/green]", "fail": "[red]✗[/red]", "skipped": "[dim]–[/dim]"}
+MARKS = {"pass": "[green]✓[/green]", "fail": "[red]✗[/red]", "skipped": "[dim]○[/dim]"}
 
 
 class Progress:
@@ -65,7 +65,7 @@ class Progress:
 
     def done(self, name: str, seconds: float, summary: str, skipped: bool = False, outcome: str = "pass") -> None:
         """A finished step. `outcome`: "pass" (✓), "fail" (✗: a gate that refused, never a green tick) or
-        "skipped" (–: a gate that did not run)."""
+        "skipped" (○: a gate that did not run)."""
         if self.quiet:
             return
         mark = "[dim]↺[/dim]" if skipped else MARKS.get(outcome, MARKS["pass"])

@@ -18,6 +18,8 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
          "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
 
+PLAN = ["plan", "--gpu", "H100-80GB", "--concurrency", "8", "--context", "4096"]
+
 
 def into_closed_pipe(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     read, write = os.pipe()
@@ -30,8 +32,8 @@ def into_closed_pipe(args: list[str], cwd: Path) -> subprocess.CompletedProcess[
 
 
 @pytest.mark.parametrize("args", [
-    ["plan", "config.json", "--gpu", "H100-80GB", "--concurrency", "8", "--context", "4096"],       # a command's body (the issue's case)
-    ["plan", "config.json", "--gpu", "H100-80GB", "--concurrency", "8", "--context", "4096", "--json"],
+    [*PLAN, "config.json"],                              # a command's body (the issue's case)
+    [*PLAN, "config.json", "--json"],
     ["backends"],                                        # another command
     ["--help"],                                          # click's own output, before any command runs
 ], ids=["plan", "plan-json", "backends", "help"])
@@ -42,5 +44,5 @@ def test_a_closed_stdout_ends_quietly_with_exit_0(args: list[str], tmp_path: Pat
 
 
 def test_an_error_is_still_an_error_when_stdout_is_closed(tmp_path: Path) -> None:
-    result = into_closed_pipe(["plan", "missing.json", "--gpu", "H100-80GB", "--concurrency", "8", "--context", "4096"], tmp_path)
+    result = into_closed_pipe([*PLAN, "missing.json"], tmp_path)
     assert result.returncode == 2 and "error:" in result.stderr and "relctl bug" not in result.stderr

@@ -53,7 +53,7 @@ def test_a_failed_gate_is_a_cross_and_the_later_gates_do_not_run(tmp_path: Path)
     lines = printed.splitlines()
     assert lines[0].startswith("✓ gate eval")
     assert lines[1].startswith("✗ gate memory") and "fail: memory said fail" in lines[1]
-    assert lines[2].startswith("– gate load") and "✓" not in lines[1] + lines[2]
+    assert lines[2].startswith("○ gate load") and "✓" not in lines[1] + lines[2]
 
 
 def test_keep_going_runs_every_gate(tmp_path: Path) -> None:
