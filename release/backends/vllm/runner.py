@@ -41,7 +41,8 @@ class VllmRunner:
                                   context_length=int(config.get("max_position_embeddings", 2048)))
         self.eos_ids = frozenset(eos)
         self.batching_note = (f"vLLM batches continuously behind relctl (started in {engine.start_s:.0f}s); relctl "
-                              f"admits {settings.workers} requests at once (vLLM's max_num_seqs, or serving.server.workers)")
+                              f"admits {settings.workers} requests at once (vLLM's max_num_seqs, or "
+                              "serving.server.workers)")
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         template = model_dir / "chat_template.jinja"
         tokenizer_config = model_dir / "tokenizer_config.json"
