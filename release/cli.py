@@ -202,7 +202,15 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
 
     move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
     frm, to = move.changes["production"]
-    emit(asdict(move), as_json, lambda: click.echo(f"{model}: production v{frm} -> v{to}"))
+    engines = api.engine_labels(model, ctx.project_dir)
+    shown = {v: engines.get(v, "engine not recorded") for v in (frm, to) if v is not None}
+    emit({**asdict(move), "engines": shown}, as_json,
+         lambda: click.echo(f"{model}: production {_versions(frm, shown)} -> {_versions(to, shown)}"))
+
+
+def _versions(version: str | None, engines: dict[str, str]) -> str:
+    """"v2 (vllm fp32)": a version with the engine and precision it serves on; "-" for none."""
+    return "-" if version is None else f"v{version} ({engines[version]})" if version in engines else f"v{version}"
 
 
 @cli.command()
@@ -236,13 +244,16 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
     from release.commands import api
 
     moves = api.history(model, ctx.project_dir)
+    engines = api.engine_labels(model, ctx.project_dir) if moves else {}
 
     def text() -> None:
         for m in moves:
-            changes = ", ".join(f"{a}: {f or '-'} -> {t or '-'}" for a, (f, t) in sorted(m.changes.items()))
+            changes = ", ".join(f"{a}: {_versions(f, engines)} -> {_versions(t, engines)}"
+                                for a, (f, t) in sorted(m.changes.items()))
             click.echo(f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})")
 
-    emit([asdict(m) for m in moves], as_json, text)
+    emit([{**asdict(m), "engines": {v: engines[v] for pair in m.changes.values() for v in pair if v in engines}}
+          for m in moves], as_json, text)
 
 
 @cli.command()
@@ -282,8 +293,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
         for alias, info in data["aliases"].items():
             gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
             commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
-            click.echo(f"{model}@{alias}: v{info['version']} {info['precision'] or 'unknown precision'} on "
-                       f"{info['backend']} from run "
+            click.echo(f"{model}@{alias}: v{info['version']} ({info['backend']} "
+                       f"{info['precision'] or 'unknown precision'}) from run "
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)

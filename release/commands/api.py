@@ -246,6 +246,13 @@ def history(model: str, project_dir: Path) -> list[AliasMove]:
     return history_from_tags(dict(record.tags))
 
 
+def engine_labels(model: str, project_dir: Path) -> dict[str, str]:
+    """{version: "engine precision"} of every version of `model`: what rollback and history print beside each
+    version, so a move between engines is never silent."""
+    check_model_name(model, "model")
+    return open_registry(project_dir, read_only=True).engine_labels(model)
+
+
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; with no model, the registered models."""
     if model is not None:

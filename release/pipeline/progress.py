@@ -76,6 +76,11 @@ class Progress:
         if not self.quiet:
             self.console.print(f"[red]✗[/red] {name:<12}         {summary}")
 
+    def info(self, text: str) -> None:
+        """A decision the reader should see on the progress, not a warning (the engine a release goes to)."""
+        if not self.quiet:
+            self.console.print(f"[cyan]→[/cyan] {text}")
+
     def note(self, text: str) -> None:
         """A line that is not a stage: a repair, a warning, a resumed leftover."""
         if not self.quiet:
