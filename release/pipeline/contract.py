@@ -30,6 +30,7 @@ from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.memory.families import check_supported
+from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
 from release.registry import Registry
 from release.registry import tags as T
@@ -126,6 +127,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                             cfg.convert.execution_provider)
             report.engine_why = engine_reason(config, cfg, report.backend)
             report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
+            report.problems += context_problems(cfg, gates, config)  # every context within the model's
             # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
             check_supported(config, f"{ckpt}/config.json")
             if "adapter_config.json" in files:
