@@ -144,7 +144,8 @@ def test_selection_on_the_measured_rows(compared: dict[str, Any]) -> None:
     def fresh() -> list[EngineRow]:
         rows = [EngineRow(**row) for row in measured]
         for row in rows:  # as measured, before the choice: only quality and SLO reasons stay
-            row.rejected = row.rejected if row.rejected and not row.rejected.startswith(("dearer", "tie with")) else None
+            chosen_over = row.rejected and row.rejected.startswith(("dearer", "tie with"))
+            row.rejected = None if chosen_over else row.rejected
         return rows
 
     rows = fresh()
