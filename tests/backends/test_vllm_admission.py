@@ -43,7 +43,7 @@ RATIO = 0.9
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vllm-admission")
-    checkpoint = build_hf_model(root / "hf", hidden=256, layers=2, context=CONTEXT)  # 4 heads: head_dim 64
+    checkpoint = build_hf_model(root / "hf", hidden=512, layers=4, context=CONTEXT)  # 4 heads: head_dim 128
     backend = VllmBackend()
     backend.export(checkpoint, root / "model", "fp32", "cpu", root / "export.log")
     fields = {"model_name": "capacity", "precision": "fp32", "lineage": {}, "serving": {}}  # defaults: workers 2
