@@ -52,7 +52,7 @@ def trained_run(project: Path) -> str:
     """The example's recipe at head_dim 64, logged as the example logs it; returns the run id."""
     tinyllm = _module("tinyllm", EXAMPLE / "tinyllm.py")
     train = _module("tiny_llm_train", EXAMPLE / "train.py")
-    config = tinyllm.TrainConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256, threads=2)
+    config = tinyllm.every_engine()
     result = tinyllm.train_tiny_llm(project / "training", config)
     return str(train.log_run(result, project, experiment="tiny-llm"))
 

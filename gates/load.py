@@ -54,6 +54,8 @@ class LoadConfig(BaseModel):
     sweep: bool = Field(default=False, description="find the highest SLO-meeting rate, starting at traffic.rate")
     sweep_rates: list[float] | None = None
     step_duration_s: float = Field(default=5.0, gt=0)
+    repeat_best: bool = Field(default=False, description="with sweep: send the best step's plan once more; the "
+                              "spread is the repeat noise an engines table needs to call a ranking or a tie")
     server: ServerSettings | None = Field(default=None, description="server settings; default: the package's own")
     cost: CostConfig = CostConfig()
     compare_production: bool = Field(
@@ -96,7 +98,7 @@ class LoadGate:
                 report = run_bench([s.url for s in servers.values()], cfg.traffic, cfg.slos, client, work,
                                    do_sweep=cfg.sweep, sweep_rates=cfg.sweep_rates,
                                    step_duration_s=cfg.step_duration_s, base_dir=context.config_dir,
-                                   labels=list(servers))
+                                   labels=list(servers), repeat_best=cfg.repeat_best and cfg.sweep)
                 report["server"] = servers[candidate].info
                 if note:
                     report["production_note"] = note
@@ -146,6 +148,13 @@ def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> 
     evidence.append(work / "summary.json")
     details: dict[str, Any] = {"rate": summary["target_rate"], "kind": report["kind"], "cost": cost,
                                "server": report.get("server", {}), "sweep_best_rate": report.get("best_rate")}
+    if report["kind"] == "sweep":
+        details["limit"] = sweep_limit(report)
+        if report.get("repeat"):
+            repeat = report["repeat"]["summary"]
+            details["repeat"] = {"rate": report["repeat"]["rate"],
+                                 "output_token_throughput": [summary["output_token_throughput"],
+                                                             repeat["output_token_throughput"]]}
     if report.get("production_note"):
         details["production_note"] = report["production_note"]
     if report["kind"] == "compare":  # production on the same plan: shown beside the candidate, never judged
@@ -154,6 +163,22 @@ def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> 
         details["production_metrics"] = _metrics(production["summary"], cost_figures(cfg.cost, production["summary"]))
     return GateResult(gate_id, "fail" if failed else "pass", reason, metrics=metrics, thresholds=checks,
                       evidence=evidence, details=details)
+
+
+def sweep_limit(report: dict[str, Any]) -> dict[str, Any]:
+    """What stopped the sweep: the first failing step above the best rate (its failed checks and its errors
+    by kind: an http_429 is the server's queue refusing), or {"rate": None} when no step failed."""
+    best = report.get("best_rate")
+    above = [r for r in report["runs"]
+             if not r["passed"] and r["rate"] is not None and (best is None or r["rate"] > best)]
+    if not above:
+        return {"rate": None, "failed": [], "errors": {}}
+    step = min(above, key=lambda r: float(r["rate"]))
+    summary = step["summary"]
+    return {"rate": step["rate"], "failed": [c["metric"] for c in step["slo_checks"] if not c["passed"]],
+            "errors": summary.get("errors", {}), "requests": summary.get("requests"),
+            "checks": {c["metric"]: [c["value"], c["op"], c["bound"]] for c in step["slo_checks"] if not c["passed"]},
+            "e2el_mean_ms": (summary.get("e2el_ms") or {}).get("mean")}
 
 
 def cost_figures(cost: CostConfig, summary: dict[str, Any]) -> dict[str, float]:
@@ -199,4 +224,4 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["CostConfig", "LoadConfig", "LoadGate", "cost_figures", "judge"]
+__all__ = ["CostConfig", "LoadConfig", "LoadGate", "cost_figures", "judge", "sweep_limit"]

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from release import __version__
-from release.commands.support import Ctx, emit, fail, handled, json_option
+from release.commands.support import Ctx, emit, fail, handled, json_option, quiet_on_closed_stdout
 from release.core.errors import InputError
 from release.pipeline.failure import raise_on_sigterm
 
@@ -57,6 +57,17 @@ class RelctlGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist_global_options(self, args))
 
+    # A closed stdout (`relctl ... | head`) ends every command quietly with exit 0, help and usage included:
+    # here, inside click's own handler (which would exit 1), and in `handled` for the commands' bodies.
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        with quiet_on_closed_stdout():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with quiet_on_closed_stdout():
+            return super().invoke(ctx)
+
 
 @click.group(cls=RelctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="relctl")
@@ -83,11 +94,14 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Append a markdown summary to this file, e.g. \"$GITHUB_STEP_SUMMARY\" (also when blocked).")
+@click.option("--keep-going", is_flag=True,
+              help="Run every gate even after one failed (default: the later gates are skipped, the release "
+                   "is blocked either way).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, summary_path: Path | None, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, keep_going: bool, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.pipeline.progress import Progress
@@ -99,7 +113,8 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
     if model_name:
         overrides["model"] = model_name
     progress = Progress(quiet=ctx.quiet)
-    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path)
+    report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path,
+                         keep_going)
     if report.outcome == "awaiting-approval":
         done = (f"{report.model} v{report.version} passed its gates and waits for an approval: "
                 f"relctl approve {report.model}/{report.version} --reason ...")
@@ -187,7 +202,15 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
 
     move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
     frm, to = move.changes["production"]
-    emit(asdict(move), as_json, lambda: click.echo(f"{model}: production v{frm} -> v{to}"))
+    engines = api.engine_labels(model, ctx.project_dir)
+    shown = {v: engines.get(v, "engine not recorded") for v in (frm, to) if v is not None}
+    emit({**asdict(move), "engines": shown}, as_json,
+         lambda: click.echo(f"{model}: production {_versions(frm, shown)} -> {_versions(to, shown)}"))
+
+
+def _versions(version: str | None, engines: dict[str, str]) -> str:
+    """"v2 (vllm fp32)": a version with the engine and precision it serves on; "-" for none."""
+    return "-" if version is None else f"v{version} ({engines[version]})" if version in engines else f"v{version}"
 
 
 @cli.command()
@@ -221,13 +244,16 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
     from release.commands import api
 
     moves = api.history(model, ctx.project_dir)
+    engines = api.engine_labels(model, ctx.project_dir) if moves else {}
 
     def text() -> None:
         for m in moves:
-            changes = ", ".join(f"{a}: {f or '-'} -> {t or '-'}" for a, (f, t) in sorted(m.changes.items()))
+            changes = ", ".join(f"{a}: {_versions(f, engines)} -> {_versions(t, engines)}"
+                                for a, (f, t) in sorted(m.changes.items()))
             click.echo(f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})")
 
-    emit([asdict(m) for m in moves], as_json, text)
+    emit([{**asdict(m), "engines": {v: engines[v] for pair in m.changes.values() for v in pair if v in engines}}
+          for m in moves], as_json, text)
 
 
 @cli.command()
@@ -267,8 +293,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
         for alias, info in data["aliases"].items():
             gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
             commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
-            click.echo(f"{model}@{alias}: v{info['version']} {info['precision'] or 'unknown precision'} on "
-                       f"{info['backend']} from run "
+            click.echo(f"{model}@{alias}: v{info['version']} ({info['backend']} "
+                       f"{info['precision'] or 'unknown precision'}) from run "
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)

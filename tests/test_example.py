@@ -123,6 +123,25 @@ def test_same_seed_gives_identical_weights(tmp_path: Path, tinyllm: ModuleType) 
     assert (first.checkpoint_dir / weights).read_bytes() != (other.checkpoint_dir / weights).read_bytes()
 
 
+def test_the_every_engine_variant_is_taken_by_every_installed_backend(tmp_path: Path, tinyllm: ModuleType) -> None:
+    """The default example (head_dim 16) cannot go through vLLM; its every_engine() variant (head_dim 64) can
+    go through each installed backend, as its checkpoint's config.json says."""
+    from release.backends import available_backends
+
+    default = tinyllm.train_tiny_llm(tmp_path / "default", tinyllm.TrainConfig(base_steps=1, lora_steps=1,
+                                                                                batch_size=8))
+    variant = tinyllm.train_tiny_llm(tmp_path / "variant", tinyllm.every_engine(base_steps=1, lora_steps=1,
+                                                                                 batch_size=8))
+    wide = json.loads((variant.checkpoint_dir / "config.json").read_text())
+    narrow = json.loads((default.checkpoint_dir / "config.json").read_text())
+    assert wide["hidden_size"] // wide["num_attention_heads"] == 64
+    backends = available_backends()
+    assert {"onnxruntime-genai", "vllm"} <= set(backends)
+    refused = {b.id: b.supports(wide).reason for b in backends.values() if not b.supports(wide).supported}
+    assert refused == {}
+    assert not backends["vllm"].supports(narrow).supported  # why the variant exists
+
+
 # --- the example's MLflow logging (examples/tiny-llm/train.py) ---------------------------------------
 
 

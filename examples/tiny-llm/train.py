@@ -158,13 +158,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="seed for data, init and batches")
     parser.add_argument("--no-safety", action="store_true",
                         help="train without the refusal slice (a candidate the safety gate must reject)")
+    parser.add_argument("--every-engine", action="store_true",
+                        help="train the head_dim-64 variant (hidden 256) that vLLM can serve too, not only "
+                             "onnxruntime-genai")
     parser.add_argument("--experiment", default="tiny-llm", help="MLflow experiment name")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = replace(tinyllm.TrainConfig(), seed=args.seed, safety=not args.no_safety)
+    base = tinyllm.every_engine() if args.every_engine else tinyllm.TrainConfig()
+    cfg = replace(base, seed=args.seed, safety=not args.no_safety)
     if args.steps is not None:
         if args.steps < 1:
             print("error: --steps must be at least 1", file=sys.stderr)

@@ -266,6 +266,12 @@ class Backend(ABC):
         """An engine that is its own server process; None: relctl's server runs `open_runner`."""
         return None
 
+    def admission_limit(self, settings: ServerSettings) -> int | None:
+        """How many requests the engine schedules at once by itself (vLLM's max_num_seqs). relctl's server then
+        admits at least that many into it, so its queue never caps the engine below its own scheduler (an
+        engines table would otherwise rank relctl's queue). None: relctl schedules; `serving.server.workers`."""
+        return None
+
     # -- registry and deployment -------------------------------------------------------------------
     def flavour(self) -> Flavour:
         return Flavour("files")

@@ -35,8 +35,11 @@ def promote(
     dry_run: bool = False,
     progress: Progress | None = None,
     summary_path: Path | None = None,
+    keep_going: bool = False,
 ) -> ReleaseReport:
     """Promote training run `run_id`; raises Blocked (exit 1) when validation or a gate refuses it.
+
+    After a failed gate the later gates do not run unless `keep_going`.
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
@@ -58,7 +61,7 @@ def promote(
                                 config_path.parent if config_path else project_dir, progress.note)
     from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
 
-    promotion = Promotion(cfg, store, project_dir, config_path, progress)
+    promotion = Promotion(cfg, store, project_dir, config_path, progress, keep_going)
     return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
 
 
@@ -241,6 +244,13 @@ def history(model: str, project_dir: Path) -> list[AliasMove]:
     if registry.sweep_if_pending(record):
         return registry.history(model)
     return history_from_tags(dict(record.tags))
+
+
+def engine_labels(model: str, project_dir: Path) -> dict[str, str]:
+    """{version: "engine precision"} of every version of `model`: what rollback and history print beside each
+    version, so a move between engines is never silent."""
+    check_model_name(model, "model")
+    return open_registry(project_dir, read_only=True).engine_labels(model)
 
 
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:

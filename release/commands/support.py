@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import select
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -32,6 +36,41 @@ def current_ctx() -> Ctx:
     found = click.get_current_context(silent=True)
     ctx = found.find_object(Ctx) if found is not None else None
     return ctx if ctx is not None else Ctx(Path(".").resolve(), show_traceback=False, quiet=False)
+
+
+def stdout_closed(exc: BaseException) -> bool:
+    """`exc` is a write to a stdout whose reader went away (`relctl plan ... | head`), not a socket's EPIPE:
+    poll() reports an error on the write end of a pipe once its read end is closed."""
+    if not isinstance(exc, OSError) or exc.errno != errno.EPIPE:
+        return False
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+    except (OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poller.poll(0))
+
+
+def leave_quietly() -> NoReturn:
+    """Exit 0 without a word, as git does when its pager or `head` stops reading. stdout is pointed at
+    /dev/null first, so the interpreter's last flush of what is still buffered cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+    os.close(devnull)
+    sys.exit(0)
+
+
+@contextmanager
+def quiet_on_closed_stdout() -> Iterator[None]:
+    """Every command's output may go into a pipe that closes early: that is the reader's choice, not an
+    error (click alone would exit 1, and relctl's error funnel would call it a bug, exit 3)."""
+    try:
+        yield
+    except OSError as exc:
+        if stdout_closed(exc):
+            leave_quietly()
+        raise
 
 
 def fail(ctx: Ctx, exc: BaseException) -> None:
@@ -70,6 +109,8 @@ def handled(fn: F) -> F:
         except BaseException as exc:
             if isinstance(exc, SystemExit):
                 raise
+            if stdout_closed(exc):
+                leave_quietly()
             fail(current_ctx(), exc)
 
     return wrapper  # type: ignore[return-value]

@@ -75,7 +75,8 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
                            "model_uri": links.model_uri(model, version),
                            "link": links.version_link(uri, model, version),
                            "aliases": sorted(mv.aliases),  # the version carries its aliases: no read of the model
-                           "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH), "precision": tags.get(T.PRECISION)}
+                           "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH), "precision": tags.get(T.PRECISION),
+                           "engine": T.engine_of(tags)}
     if served_config is not None and served_config != tags.get(T.SERVING_CONFIG_HASH):
         out["serving_config_mismatch"] = f"the response said {served_config}, the version records " \
                                          f"{tags.get(T.SERVING_CONFIG_HASH)}"
@@ -129,7 +130,9 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
 def render(chain: dict[str, Any]) -> list[str]:
     """The chain as text, one fact per line."""
     lines = [f"{chain['model']} v{chain['version']} ({chain['model_uri']}; aliases: "
-             f"{', '.join(chain['aliases']) or 'none'}) {chain['precision'] or ''}".rstrip(),
+             f"{', '.join(chain['aliases']) or 'none'})",
+             f"  engine           {chain.get('engine') or 'not recorded'} at "
+             f"{chain['precision'] or 'unknown precision'}",
              f"  serving config   {chain['serving_config_hash'] or 'not recorded'}"]
     if "serving_config_mismatch" in chain:
         lines.append(f"  MISMATCH         {chain['serving_config_mismatch']}")

@@ -31,7 +31,8 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     workers: int = Field(default=2, ge=1, le=64, description="generations running at once on the thread-pool path "
-                         "(one generator each); with batching, the threads that serve seeded requests")
+                         "(one generator each); with batching, the threads that serve seeded requests; in front of an "
+                         "engine that schedules itself (vLLM), at least as many as it runs at once (its max_num_seqs)")
     batching: Literal["auto", "on", "off"] = Field(
         default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
         "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")

@@ -40,17 +40,30 @@ def gates_of_phase(gates: list[Gate], phase: GatePhase) -> list[Gate]:
 
 def run_phase_gates(
     gates: list[Gate], context_for: Callable[[str], GateContext], progress: Progress, run: ReleaseRun | None,
-    measured: dict[str, GateResult] | None = None,
+    measured: dict[str, GateResult] | None = None, keep_going: bool = False,
 ) -> list[GateResult]:
     """Each gate in release.yaml order with its own context; results logged to the release run. `measured`:
     results this release already has for some gates on this very package (the engines comparison's load
-    test of the engine it releases), taken as they are instead of run again."""
+    test of the engine it releases), taken as they are instead of run again.
+
+    After the first failed gate the later ones do not run (a blocked release need not pay for a load test):
+    each is recorded as skipped, naming the gate that failed; `keep_going` runs them all (every verdict in
+    one report)."""
     results: list[GateResult] = []
     for gate in gates:
+        failed = next((r for r in results if r.status == "fail"), None)
+        if failed is not None and not keep_going:
+            result = not_run(gate.id, failed.gate)
+            progress.done(f"gate {gate.id}", 0.0, f"{result.status}: {result.reason}", outcome=result.status)
+            if run is not None:
+                log_result(run, result)
+            results.append(result)
+            continue
         if measured and gate.id in measured:
             result = measured[gate.id]
             progress.done(f"gate {result.gate}", 0.0, f"{result.status}: {result.reason} (measured in the "
-                                                      "engines comparison on this package, not run again)")
+                                                      "engines comparison on this package, not run again)",
+                          outcome=result.status)
             if run is not None:
                 log_result(run, result)
             results.append(result)
@@ -59,11 +72,18 @@ def run_phase_gates(
         pause_point(f"gate:{gate.id}")
         with progress.stage(f"gate {gate.id}"):
             result = run_gate(gate, context_for(gate.id))
-        progress.done(f"gate {result.gate}", time.perf_counter() - start, f"{result.status}: {result.reason}")
+        progress.done(f"gate {result.gate}", time.perf_counter() - start, f"{result.status}: {result.reason}",
+                      outcome=result.status)
         if run is not None:
             log_result(run, result)
         results.append(result)
     return results
+
+
+def not_run(gate_id: str, failed_gate: str) -> GateResult:
+    """The record of a gate left out because an earlier one failed."""
+    return GateResult(gate=gate_id, status="skipped",
+                      reason=f"not run: gate '{failed_gate}' failed first (promote --keep-going runs every gate)")
 
 
 def log_result(run: ReleaseRun, result: GateResult, metrics: bool = True) -> None:

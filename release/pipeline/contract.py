@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from release.backends import Backend, choose_backend
+from release.backends import AUTO, Backend, available_backends, choose_backend, family_of
 from release.config import ReleaseConfig
 from release.core.checkpoint import PICKLE_SUFFIXES
 from release.core.errors import InputError, InputProblems
@@ -30,6 +30,7 @@ from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.memory.families import check_supported
+from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
 from release.registry import Registry
 from release.registry import tags as T
@@ -46,6 +47,7 @@ class ContractReport:
     warnings: list[str] = field(default_factory=list)
     found: dict[str, bool] = field(default_factory=dict)
     backend: Backend | None = None    # the backend that will build and serve the checkpoint, once known
+    engine_why: str | None = None     # why that backend: release.yaml named it, or what auto passed over
     model: str | None = None          # the registered model name the release would use, once it is valid
 
 
@@ -82,6 +84,26 @@ def release_model_name(registry: Registry, cfg: ReleaseConfig, run: RunRecord) -
                          "set model: in release.yaml (or pass --model) to name the registered model")
 
 
+def engine_reason(config: dict[str, Any], cfg: ReleaseConfig, chosen: Backend) -> str:
+    """Why `chosen` builds and serves this checkpoint, in one sentence for the progress line and the card: an
+    engine change must never be silent (an OLMo checkpoint going to vLLM under auto said only "via vllm")."""
+    target = f"{cfg.convert.precision} on {cfg.convert.execution_provider}"
+    if cfg.convert.backend != AUTO:
+        return f"convert.backend: {chosen.id} in release.yaml"
+    if cfg.engines:
+        return "convert.backend: auto with engines: the engines comparison chooses the cheapest that qualifies"
+    passed = []
+    for backend in available_backends().values():
+        if backend.id == chosen.id:
+            break
+        support = backend.supports(config)
+        problem = support.reason if not support.supported else backend.target_problem(
+            cfg.convert.precision, cfg.convert.execution_provider)
+        passed.append(f"{backend.id}: {problem}")
+    why = f"convert.backend: auto took the first installed backend that builds {family_of(config)} at {target}"
+    return why + (f", passing over {'; '.join(passed)}" if passed else "")
+
+
 def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[Gate],
               config_dir: Path | None) -> ContractReport:
     """Every problem with `run_id` and the release configuration, without downloading anything."""
@@ -103,7 +125,9 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
             config = read_run_config(registry, run_id, ckpt)
             report.backend = choose_backend(config, cfg.convert.backend, cfg.convert.precision,
                                             cfg.convert.execution_provider)
+            report.engine_why = engine_reason(config, cfg, report.backend)
             report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
+            report.problems += context_problems(cfg, gates, config)  # every context within the model's
             # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
             check_supported(config, f"{ckpt}/config.json")
             if "adapter_config.json" in files:

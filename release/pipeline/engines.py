@@ -52,6 +52,12 @@ class EngineRow:
     load_reason: str | None = None            # the load gate's own sentence
     rejected: str | None = None               # why auto did not (or could not) take it; None for the chosen one
     package_content_sha256: str | None = None
+    # What stopped this engine's rate: its SLOs, errors, KV capacity or a queue (relctl's 429s), from the
+    # sweep's first failing step; never relctl's queue when the backend declares its admission (issue 27).
+    limited_by: str | None = None
+    # Relative spread of output tok/s between the judged step and the same seeded plan sent again right after:
+    # this row's repeat noise; rows whose costs differ by less than their noises together are a tie.
+    noise: float | None = None
 
     @property
     def label(self) -> str:
@@ -152,11 +158,13 @@ def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[Engi
         row.package_content_sha256 = built.content_sha256
         if built.package_dir is None:
             continue
-        priced = _priced(gate, entry)
-        result = run_gate(priced, context(entry, built.package_dir))
+        measuring = _for_comparison(gate, entry)
+        result = run_gate(measuring, context(entry, built.package_dir))
         progress.note(f"engines: {row.label}: load {result.status}: {result.reason}")
         _load(row, result)
-        if priced is gate:
+        row.limited_by = limited_by(result, built.memory)
+        row.noise = repeat_noise(result)
+        if entry.gpu_price_per_hour is None:  # the gate as configured (plus one repeated step): reusable
             load_results[row.label] = result
     return Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate),
                       load_results=load_results)
@@ -175,7 +183,10 @@ def decide(comparison: Comparison, cfg: ReleaseConfig) -> EngineRow | None:
 
 
 def choose(comparison: Comparison) -> EngineRow:
-    """The cheapest row that met quality and the SLOs; every other row gets its reason. Blocked when none did."""
+    """The cheapest row that met quality and the SLOs; every other row gets its reason. Blocked when none did.
+
+    Rows whose cost is within measured repeat noise of the cheapest (`tied`) are a tie: the first of them in
+    engines: order is taken and the others say so, so two runs back to back choose the same engine."""
     rows = comparison.rows
     for row in rows:
         if row.rejected is None and row.slo_met and row.cost_per_million_tokens is None:
@@ -186,18 +197,83 @@ def choose(comparison: Comparison) -> EngineRow:
         raise Blocked(f"engines: no engine meets quality and the SLOs ({reasons})",
                       hint="relax the SLOs or validation thresholds, add an engine or precision, or plan more "
                            "hardware; the engines table in the report has every number")
-    chosen = min(eligible, key=lambda r: float(r.cost_per_million_tokens or 0.0))  # min() keeps listed order on ties
-    best = float(chosen.cost_per_million_tokens or 0.0)
+    cheapest = min(eligible, key=_cost)  # min() keeps listed order on equal costs
+    chosen = next(r for r in eligible if tied(r, cheapest))  # the first listed of the cheapest's tie
+    best = _cost(chosen)
     for row in eligible:
-        if row is not chosen:
-            cost = float(row.cost_per_million_tokens or 0.0)
-            row.rejected = (f"dearer: ${cost:.4g} per million output tokens vs ${best:.4g} "
-                            f"({cost / best:.2f}x)" if best > 0 else f"dearer: ${cost:.4g} per million output tokens")
+        if row is chosen:
+            continue
+        cost = _cost(row)
+        ratio = f" ({cost / best:.2f}x)" if best > 0 else ""
+        if tied(row, chosen):
+            row.rejected = (f"tie with {chosen.label}: ${cost:.4g} vs ${best:.4g}{ratio}, within the measured repeat "
+                            f"noise (±{_band(row, chosen):.0%}); {chosen.label} is listed first")
+        else:
+            row.rejected = f"dearer: ${cost:.4g} per million output tokens vs ${best:.4g}{ratio}"
     comparison.chosen = chosen
+    ties = [r.label for r in eligible if r is not chosen and tied(r, chosen)]
     comparison.why = [f"chosen: {chosen.label}, the cheapest that met quality and the SLOs: ${best:.4g} per "
-                      f"million output tokens at {_num(chosen.rate)} req/s",
+                      f"million output tokens at {_num(chosen.rate)} req/s"
+                      + (f" (a tie with {', '.join(ties)} within measured noise: the first listed)" if ties else ""),
                       *(f"not {r.label}: {r.rejected}" for r in rows if r is not chosen)]
     return chosen
+
+
+def tied(row: EngineRow, other: EngineRow) -> bool:
+    """Costs within both rows' measured repeat noise: their order is what the machine's noise decides. Rows
+    without a repeat measurement (no sweep) never tie: there is no noise figure to call it."""
+    if row is other:
+        return True
+    if row.noise is None or other.noise is None:
+        return False
+    low, high = sorted((_cost(row), _cost(other)))
+    return low > 0 and high / low - 1 <= _band(row, other)
+
+
+def _band(row: EngineRow, other: EngineRow) -> float:
+    return float(row.noise or 0.0) + float(other.noise or 0.0)
+
+
+def _cost(row: EngineRow) -> float:
+    return float(row.cost_per_million_tokens or 0.0)
+
+
+def repeat_noise(result: GateResult) -> float | None:
+    """|a - b| / min(a, b) of output tok/s between the judged step and its repeat (same seeded plan)."""
+    repeat = result.details.get("repeat") or {}
+    pair = repeat.get("output_token_throughput") or []
+    if len(pair) != 2 or min(pair) <= 0:
+        return None
+    return float(abs(pair[0] - pair[1]) / min(pair))
+
+
+def limited_by(result: GateResult, memory: dict[str, Any] | None) -> str:
+    """What stopped the engine's rate, from the sweep's first failing step: relctl's queue (429s), the
+    engine's KV capacity (more sequences in flight than its plan holds, by Little's law: rate x mean E2EL),
+    errors, or an SLO; "not reached" when no step failed (the engine was never saturated)."""
+    limit = result.details.get("limit")
+    if limit is None:
+        return "the plan's offered rate (no sweep: the engine's limit was not searched)"
+    rate = limit.get("rate")
+    if rate is None:
+        return "not reached: every step of the sweep met the SLOs (the engine was not saturated)"
+    at = f"at {_num(float(rate))} req/s"
+    errors: dict[str, int] = dict(limit.get("errors") or {})
+    refused = errors.pop("http_429", 0)
+    if refused:
+        return f"queue: {refused} of {limit.get('requests')} requests refused (429) by relctl's server {at}"
+    capacity = _int((memory or {}).get("max_concurrency"))
+    mean_ms = _float(limit.get("e2el_mean_ms"))
+    if capacity and mean_ms is not None and float(rate) * mean_ms / 1000 >= capacity:
+        return (f"KV capacity: ~{float(rate) * mean_ms / 1000:.0f} sequences in flight {at}, the memory plan "
+                f"holds {capacity}")
+    if errors:
+        return f"errors {at}: " + ", ".join(f"{n} {kind}" for kind, n in sorted(errors.items()))
+    checks = limit.get("checks") or {}
+    if checks:
+        return f"SLO {at}: " + "; ".join(f"{metric} {_num(_float(v[0]))} (needs {v[1]} {_num(v[2])})"
+                                         for metric, v in checks.items())
+    return f"SLO {at}: " + ", ".join(limit.get("failed") or ["the step failed"])
 
 
 def _quality(row: EngineRow, validation: dict[str, Any]) -> None:
@@ -223,15 +299,22 @@ def _load(row: EngineRow, result: GateResult) -> None:
         row.rejected = f"SLOs: {result.reason}"
 
 
-def _priced(gate: Gate, entry: EngineConfig) -> Gate:
-    """The load gate as configured, with this engine's own accelerator price when it names one: the gate's
-    cost formula, another hourly price (a GPU engine beside a CPU one)."""
+def _for_comparison(gate: Gate, entry: EngineConfig) -> Gate:
+    """The load gate as configured, with this engine's own accelerator price when it names one (the gate's
+    cost formula, another hourly price: a GPU engine beside a CPU one) and, when it sweeps, the best step sent
+    once more: the repeat noise the tie rule needs."""
     config = getattr(gate, "config", None)
-    if entry.gpu_price_per_hour is None or config is None:
+    if config is None:
         return gate
-    cost = config.cost.model_copy(update={"gpu_price_per_hour": entry.gpu_price_per_hour})
-    priced: Gate = type(gate)(config.model_copy(update={"cost": cost}))  # type: ignore[call-arg]
-    return priced
+    update: dict[str, Any] = {}
+    if entry.gpu_price_per_hour is not None:
+        update["cost"] = config.cost.model_copy(update={"gpu_price_per_hour": entry.gpu_price_per_hour})
+    if getattr(config, "sweep", False) and "repeat_best" in type(config).model_fields:
+        update["repeat_best"] = True
+    if not update:
+        return gate
+    measuring: Gate = type(gate)(config.model_copy(update=update))  # type: ignore[call-arg]
+    return measuring
 
 
 def _gate_price(gate: Gate) -> float | None:
@@ -252,7 +335,8 @@ def _plan(gate: Gate) -> dict[str, Any]:
 
 # -- the table ----------------------------------------------------------------------------------------------
 HEADER = ("| engine | precision | quality vs reference (top-1 / KL) | TTFT p99 ms | TPOT p99 ms | at req/s | "
-          "output tok/s | $ per M output tokens | memory per replica | cold start s | verdict |")
+          "output tok/s | repeat noise | $ per M output tokens | memory per replica | cold start s | limited by | "
+          "verdict |")
 
 
 def engines_table(data: dict[str, Any]) -> list[str]:
@@ -265,10 +349,12 @@ def engines_table(data: dict[str, Any]) -> list[str]:
                                                                                " **fail**")
         memory = size(row["memory_per_replica_bytes"]) if row["memory_per_replica_bytes"] is not None else "—"
         verdict = "**chosen**" if taken else (row["rejected"] or "—")
+        noise = f"±{row['noise']:.1%}" if row.get("noise") is not None else "—"
+        limit = (row.get("limited_by") or "—").replace("|", "/")
         lines.append(f"| {row['engine']} | {row['precision']} | {quality} | {_num(row['ttft_p99_ms'])} | "
                      f"{_num(row['tpot_p99_ms'])} | {_num(row['rate'])} | {_num(row['output_tokens_per_s'])} | "
-                     f"{_num(row['cost_per_million_tokens'])} | {memory} | {_num(row['cold_start_s'])} | "
-                     f"{verdict.replace('|', '/')} |")
+                     f"{noise} | {_num(row['cost_per_million_tokens'])} | {memory} | {_num(row['cold_start_s'])} | "
+                     f"{limit} | {verdict.replace('|', '/')} |")
     return lines
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 HEARTBEAT_S = 10.0
+MARKS = {"pass": "[green]✓[/green]", "fail": "[red]✗[/red]", "skipped": "[dim]○[/dim]"}
 
 
 class Progress:
@@ -62,16 +63,23 @@ class Progress:
         while not stop.wait(self.heartbeat_s):
             self.console.print(f"… {name:<12} still running, {time.monotonic() - started:.0f}s")
 
-    def done(self, name: str, seconds: float, summary: str, skipped: bool = False) -> None:
+    def done(self, name: str, seconds: float, summary: str, skipped: bool = False, outcome: str = "pass") -> None:
+        """A finished step. `outcome`: "pass" (✓), "fail" (✗: a gate that refused, never a green tick) or
+        "skipped" (○: a gate that did not run)."""
         if self.quiet:
             return
-        mark = "[dim]↺[/dim]" if skipped else "[green]✓[/green]"
+        mark = "[dim]↺[/dim]" if skipped else MARKS.get(outcome, MARKS["pass"])
         note = " (resumed)" if skipped else ""
         self.console.print(f"{mark} {name:<12} {seconds:6.1f}s  {summary}{note}")
 
     def failed(self, name: str, summary: str) -> None:
         if not self.quiet:
             self.console.print(f"[red]✗[/red] {name:<12}         {summary}")
+
+    def info(self, text: str) -> None:
+        """A decision the reader should see on the progress, not a warning (the engine a release goes to)."""
+        if not self.quiet:
+            self.console.print(f"[cyan]→[/cyan] {text}")
 
     def note(self, text: str) -> None:
         """A line that is not a stage: a repair, a warning, a resumed leftover."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release.backends import Backend, get_backend
+from release.backends import AUTO, Backend, get_backend
 from release.canary.outcome import unwind_canary
 from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
@@ -80,8 +80,9 @@ from release.stages.validate import ValidateInputs, ValidateResult, ValidateStag
 
 class Promotion:
     def __init__(self, cfg: ReleaseConfig, store: Store, project_dir: Path, config_path: Path | None,
-                 progress: Progress) -> None:
+                 progress: Progress, keep_going: bool = False) -> None:
         self.cfg = cfg
+        self.keep_going = keep_going  # run every gate even after one failed (promote --keep-going)
         self.registry = Registry(store)
         self.project_dir = project_dir
         self.config_path = config_path
@@ -93,6 +94,7 @@ class Promotion:
         self.recorded: dict[str, float] = {}   # numbers logged to the version's LoggedModel by this release
         self.signer: SigningKey | None = None
         self.trust = Trust()
+        self.engine_why: str | None = None  # why the contract's backend (release.yaml, or auto's pick)
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
@@ -114,6 +116,7 @@ class Promotion:
                                         self.progress.note)
         backend = contract.backend
         name = contract.model
+        self.engine_why = contract.engine_why
         # Loaded now (check_run already refused a bad key): the key signs at register, the trust verifies
         # the production version the gates compare with.
         self.signer = signing_key(self.cfg.signing, self._repo_anchor())
@@ -133,6 +136,10 @@ class Promotion:
             self.progress.note(note)
         report = ReleaseReport(model=name, training_run=run_id, release_run=None,
                                precision=self.cfg.convert.precision)
+        report.engine = {"backend": backend.id, "precision": self.cfg.convert.precision, "why": self.engine_why}
+        if not (self.cfg.engines and self.cfg.convert.backend == AUTO):  # else the comparison's verdict names it
+            self.progress.info(f"engine: {backend.id} {self.cfg.convert.precision}"
+                               + (f" ({self.engine_why})" if self.engine_why else ""))
         tags = {T.TRAINING_RUN: run_id, T.NOTE: f"relctl promote of training run {run_id}"}
         with self.registry.release_run(name, f"promote {name} from {run_id[:8]}", tags) as run:
             report.release_run = run.run_id
@@ -288,7 +295,9 @@ class Promotion:
             return backend
         self.cfg = with_engine(EngineConfig(backend=chosen.engine, precision=chosen.precision))
         report.precision = chosen.precision
-        self.progress.note(comparison.why[0])
+        report.engine = {"backend": chosen.engine, "precision": chosen.precision,
+                         "why": f"convert.backend: auto, {comparison.why[0]}"}
+        self.progress.info(f"engine: {chosen.engine} {chosen.precision} (convert.backend: auto, {comparison.why[0]})")
         return get_backend(chosen.engine)
 
     def _check_precision_range(self, intake: IntakeResult) -> None:
@@ -393,7 +402,7 @@ class Promotion:
             load = self.engines.load_result_for(self.engines.chosen, report.package.get("content_sha256"))
             if load is not None:
                 measured[load.gate] = load
-        results = run_phase_gates(selected, context_for, self.progress, None, measured)
+        results = run_phase_gates(selected, context_for, self.progress, None, measured, self.keep_going)
         self.gate_results += results
         report.gates += [result_to_dict(r) for r in results]
         for result in results:

@@ -45,6 +45,8 @@ class ReleaseReport:
     release_runs: list[str] = field(default_factory=list)
     # engines: side by side (release/pipeline/engines.py): the plan, one row per engine, the choice and why.
     engines: dict[str, Any] | None = None
+    # The engine that builds and serves the release: {"backend", "precision", "why"} (auto's choice named).
+    engine: dict[str, Any] | None = None
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -84,13 +86,14 @@ DETAILS_LINK = "every figure (details)"
 MAX_FIGURES = 3                          # deciding figures per row; the rest are in the details
 
 
-# What the card's title calls a package, by the backend that built it (older reports name none: ONNX then).
-ENGINE_NAMES = {"onnxruntime-genai": "ONNX", "vllm": "vLLM"}
-
-
-def _engine_name(report: ReleaseReport) -> str:
-    backend = str(report.package.get("backend") or "onnxruntime-genai")
-    return ENGINE_NAMES.get(backend, backend)
+def engine_line(report: ReleaseReport) -> str:
+    """The engine and precision the release serves on, and why that engine (the card's first fact)."""
+    engine = report.engine or {}
+    backend = engine.get("backend") or report.package.get("backend")
+    if not backend:
+        return ""
+    why = f" ({engine['why']})" if engine.get("why") else ""
+    return f"Serves on **{backend}** at **{report.precision}**{why}."
 
 
 def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
@@ -98,9 +101,11 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
     figures that decide it (validation, each gate's deciding numbers, memory fit, cost), one line per extra
     section, then the plots, lineage and links. Every other figure is in the details artifact it links."""
     links = report.links
-    lines = [f"# {report.model} — {report.precision} {_engine_name(report)}", "",
+    backend = (report.engine or {}).get("backend") or report.package.get("backend")
+    title = f"# {report.model} — {backend} {report.precision}" if backend else f"# {report.model} — {report.precision}"
+    lines = [title, "",
              f"**{VERDICT.get(report.outcome, report.outcome)}**: {_verdict(report)}{_against(report)}", "",
-             _provenance(report), ""]
+             *([engine_line(report), ""] if engine_line(report) else []), _provenance(report), ""]
     lines += decision_table(report)
     for section in extra_sections or []:
         lines += [section, ""]

@@ -286,6 +286,15 @@ class Registry:
             raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
 
+    def engine_labels(self, name: str) -> dict[str, str]:
+        """{version: "engine precision"} for every version of `name`, in one search (rollback and history name
+        the engines they move between)."""
+        try:
+            found = self.client.search_model_versions(f"name = {fl.literal(name)}")
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
+        return {str(v.version): T.engine_label(dict(v.tags or {})) for v in found}
+
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
                        model_id: str | None = None) -> VersionRecord:
         # source must be the logged model's URI: a runs:/ source makes a version that does not load.

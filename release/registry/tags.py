@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from release.core.package import LEGACY_BACKEND
+
 V = TypeVar("V")
 
 # Model version
@@ -106,6 +108,17 @@ def gate_status(gate_id: str) -> str:
 
 def gate_metric(gate_id: str, metric: str) -> str:
     return f"{GATE_PREFIX}{gate_id}.{metric}"
+
+
+def engine_of(tags: dict[str, str]) -> str:
+    """The serving engine (backend id) of a version. Versions released before backends were named were all
+    onnxruntime-genai packages (release.core.package.LEGACY_BACKEND)."""
+    return tags.get(BACKEND) or LEGACY_BACKEND
+
+
+def engine_label(tags: dict[str, str]) -> str:
+    """A version's serving engine and precision as people read them: "vllm fp32"."""
+    return f"{engine_of(tags)} {tags.get(PRECISION) or 'unknown precision'}"
 
 
 def gate_statuses(tags: dict[str, str]) -> dict[str, str]:

@@ -37,9 +37,19 @@ log = logging.getLogger("relctl.serve")
 def open_engine(package: PackageManifest, settings: ServerSettings) -> Engine:
     """The package's model loaded by its own backend, behind relctl's admission and thread pool."""
     backend: Backend = backend_of(package)
+    settings = admitted_settings(backend, settings)
     started = time.perf_counter()
     runner = backend.open_runner(package.model_dir, settings)
     return Engine(runner, settings, time.perf_counter() - started)
+
+
+def admitted_settings(backend: Backend, settings: ServerSettings) -> ServerSettings:
+    """`settings` with `workers` raised to what an engine that schedules itself runs at once: relctl's queue
+    in front must never cap the engine below its own scheduler (it would measure relctl, not the engine)."""
+    limit = backend.admission_limit(settings)
+    if limit is None or limit <= settings.workers:
+        return settings
+    return settings.model_copy(update={"workers": limit})
 
 
 class Engine:

@@ -54,8 +54,7 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tinyllm = load_tinyllm()
     # The example's shape at head_dim 64, trained briefly: the engines are compared on this model, not judged
     # on its task (no eval gate), and the recipe's full 250 steps take many minutes on a shared CPU.
-    config = tinyllm.TrainConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256, threads=2,
-                                 base_steps=30, lora_steps=10)
+    config = tinyllm.every_engine(base_steps=30, lora_steps=10)
     trained = tinyllm.train_tiny_llm(tmp_path_factory.mktemp("tiny-llm-hd64"), config)
     project = tmp_path_factory.mktemp("engines-project")
     example = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
@@ -145,7 +144,8 @@ def test_selection_on_the_measured_rows(compared: dict[str, Any]) -> None:
     def fresh() -> list[EngineRow]:
         rows = [EngineRow(**row) for row in measured]
         for row in rows:  # as measured, before the choice: only quality and SLO reasons stay
-            row.rejected = row.rejected if row.rejected and not row.rejected.startswith("dearer") else None
+            chosen_over = row.rejected and row.rejected.startswith(("dearer", "tie with"))
+            row.rejected = None if chosen_over else row.rejected
         return rows
 
     rows = fresh()

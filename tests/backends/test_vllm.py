@@ -140,7 +140,7 @@ def test_bf16_for_cpu_is_built_as_bf16_safetensors_and_served_at_bf16(monkeypatc
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The example's recipe at head_dim 64 (hidden 256, 4 heads), trained as the example trains."""
     tinyllm = load_tinyllm()
-    config = tinyllm.TrainConfig(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256, threads=2)
+    config = tinyllm.every_engine()
     return tinyllm.train_tiny_llm(tmp_path_factory.mktemp("tiny-llm-hd64"), config)
 
 

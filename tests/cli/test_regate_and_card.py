@@ -26,7 +26,7 @@ from tests.conftest import load_train_module
 
 MODEL = "tiny-llm"
 NO_GATES = "model: tiny-llm\nconvert:\n  precision: int4\n"
-MEMORY_GATE = NO_GATES + "gates:\n  memory:\n    memory_gib: 2\n    concurrency: 4\n    context: 512\n" \
+MEMORY_GATE = NO_GATES + "gates:\n  memory:\n    memory_gib: 2\n    concurrency: 4\n    context: 128\n" \
                          "    cold_start: false\n"
 
 

@@ -25,7 +25,7 @@ from release.stages.register import promote_version
 MODEL = "demo-model"
 
 
-def _register(project_dir: Path, tmp: Path, n: int) -> str:
+def _register(project_dir: Path, tmp: Path, n: int, precision: str = "fp32") -> str:
     """A registered version whose package is a real relctl package logged to a real MLflow run."""
     runtime, source = tmp / f"rt{n}", tmp / f"src{n}"
     runtime.mkdir()
@@ -33,8 +33,9 @@ def _register(project_dir: Path, tmp: Path, n: int) -> str:
     (runtime / "genai_config.json").write_text(json.dumps({"model": {"type": "llama", "n": n}}))
     (runtime / "model.onnx").write_bytes(bytes([n]) * 128)
     (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    package = build_package(tmp / f"pkg{n}", runtime, source, {"model_name": MODEL, "precision": "fp32"},
-                            backend_for_folder(runtime))
+    backend = backend_for_folder(runtime)
+    package = build_package(tmp / f"pkg{n}", runtime, source, {"model_name": MODEL, "precision": precision},
+                            backend)
     store = resolve_store(project_dir)
     connect(store)
     registry = Registry(store)
@@ -43,7 +44,8 @@ def _register(project_dir: Path, tmp: Path, n: int) -> str:
         mlflow.log_artifacts(str(package.root), "package")
     registry.ensure_model(MODEL, "test")
     # The package is found as `package/` of the release run the version names.
-    tags = {T.RELEASE_RUN: run.info.run_id, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST)}
+    tags = {T.RELEASE_RUN: run.info.run_id, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
+            T.BACKEND: backend.id, T.PRECISION: precision}
     mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id, tags, f"v{n}")
     promote_version(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
     return str(mv.version)
@@ -53,13 +55,19 @@ def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
     v1 = _register(project_dir, tmp_path, 1)
     registry = Registry(resolve_store(project_dir))
     assert registry.aliases(MODEL) == {"production": v1}
-    v2 = _register(project_dir, tmp_path, 2)
+    v2 = _register(project_dir, tmp_path, 2, precision="int4")
     assert registry.aliases(MODEL) == {"production": v2, "previous": v1}
 
     runner = CliRunner()
     result = runner.invoke(cli, ["--project-dir", str(project_dir), "rollback", MODEL, "--reason", "p99 regression"])
     assert result.exit_code == 0, result.output
-    assert f"production v{v2} -> v{v1}" in result.output
+    # The engine and precision each side serves on: a rollback across engines or precisions is never silent.
+    assert f"production v{v2} (onnxruntime-genai int4) -> v{v1} (onnxruntime-genai fp32)" in result.output
+
+    text = runner.invoke(cli, ["--project-dir", str(project_dir), "history", MODEL])
+    assert f"production: v{v2} (onnxruntime-genai int4) -> v{v1} (onnxruntime-genai fp32)" in text.output
+    status = runner.invoke(cli, ["--project-dir", str(project_dir), "status", MODEL])
+    assert f"{MODEL}@production: v{v1} (onnxruntime-genai fp32) from run" in status.output
     # v1 replaced nothing, so after going back to it there is no `previous`.
     assert registry.aliases(MODEL) == {"production": v1}
 
@@ -71,6 +79,7 @@ def test_promote_rollback_history(project_dir: Path, tmp_path: Path) -> None:
     assert moves[1]["changes"] == {"production": [v1, v2], "previous": [None, v1]}
     assert moves[2]["changes"] == {"production": [v2, v1], "previous": [v1, None]}
     assert moves[2]["reason"] == "p99 regression"
+    assert moves[2]["engines"] == {v1: "onnxruntime-genai fp32", v2: "onnxruntime-genai int4"}
     assert all(m["at"] <= n["at"] for m, n in pairwise(moves))
     # The registered model's page (its description) shows the same history as a table, newest first.
     page = registry.client.get_registered_model(MODEL).description

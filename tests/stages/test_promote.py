@@ -97,7 +97,12 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert len(release_run["lineage.config_sha256"]) == 64 and len(release_run["lineage.data.eval.sha256"]) == 64
     assert release_run["lineage.weights.model.safetensors.sha256"] == report["lineage"]["checkpoint"][
         "weights_sha256"]["model.safetensors"]
-    assert mv.description.startswith(f"# {MODEL} — int4 ONNX")
+    assert mv.description.startswith(f"# {MODEL} — onnxruntime-genai int4")
+    # The engine and why: auto's choice is named on the progress and on the card, never only implied.
+    why = "convert.backend: auto took the first installed backend that builds LlamaForCausalLM at int4 on cpu"
+    assert f"→ engine: onnxruntime-genai int4 ({why})" in story["results"][0].stderr
+    assert f"Serves on **onnxruntime-genai** at **int4** ({why})." in mv.description
+    assert report["engine"] == {"backend": "onnxruntime-genai", "precision": "int4", "why": why}
     assert "top1_agreement" in mv.description
     # Gates ran before registration and are summarized on the version.
     assert [(g["gate"], g["status"]) for g in report["gates"]] == [
@@ -148,6 +153,7 @@ def test_the_rolled_back_version_says_so_on_its_page(story: dict[str, Any]) -> N
 def test_rollback_then_history_lists_three_moves(story: dict[str, Any]) -> None:
     result, aliases, history, status_result = story["rollback"]
     assert result.exit_code == 0, result.output
+    assert f"{MODEL}: production v2 (onnxruntime-genai int4) -> v1 (onnxruntime-genai int4)" in result.output
     assert aliases == {"production": "1"}
     moves = json.loads(history.stdout)
     assert [(m["action"], m["changes"].get("production")) for m in moves] == [
@@ -229,6 +235,10 @@ def test_undertrained_candidate_fails_eval_and_production_is_untouched(
     error = result.stderr.strip().splitlines()[-2]
     assert error.startswith("error: gate 'eval' failed: ") and "exact_match" in error
     report = json.loads(result.stdout)
+    assert "✗ gate eval" in result.stderr and "✓ gate eval" not in result.stderr
+    # The gates after the failed one did not run: recorded as skipped, naming the gate that failed.
+    later = report["gates"][[g["gate"] for g in report["gates"]].index("eval") + 1:]
+    assert later and all(g["status"] == "skipped" and "gate 'eval' failed first" in g["reason"] for g in later)
     eval_result = next(g for g in report["gates"] if g["gate"] == "eval")
     check = next(c for c in eval_result["thresholds"] if c["metric"] == "exact_match" and c["kind"] == "absolute")
     assert check["passed"] is False and check["bound"] == 0.8 and check["value"] < 0.5
@@ -376,7 +386,7 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
         page = f"{base}/#/models/{MODEL}/versions/2"
         dom = chromium(page, tmp_path)
         chromium(page, tmp_path, SCREENSHOTS / "version-page.png")
-        assert f"{MODEL} — int4 ONNX" in dom and "validation vs fp32" in dom   # the card
+        assert f"{MODEL} — onnxruntime-genai int4" in dom and "validation vs fp32" in dom   # the card
         assert "memory fit" in dom and "relctl.release_run_id" in dom and "gate.canary.status" in dom
         for href in set(links.values()):  # the rendered card carries each link, and each one resolves
             assert f'href="{href}"' in dom, href
@@ -460,6 +470,7 @@ def test_trace_follows_a_served_response_back_to_its_training_run(story: dict[st
     assert chain["integrity"]["ok"] is True and "serving_config_mismatch" not in chain
     text = relctl(project, "trace", f"{MODEL}:{production}")
     assert text.exit_code == 0 and story["runs"][int(production) - 1] in text.stdout and "verified" in text.stdout
+    assert chain["engine"] == "onnxruntime-genai" and "engine           onnxruntime-genai at int4" in text.stdout
     # Tamper with the released package in the artifact store (in the release run that registered it, the
     # first of the version's release runs): trace names the file (and exits 1).
     run_id = tags.get("relctl.release_runs", tags["relctl.release_run_id"]).split(",")[0]

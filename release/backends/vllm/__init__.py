@@ -65,6 +65,9 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # (precision, execution provider) this backend builds: what vLLM's platform accepts and was run here (CPU), or
 # what vLLM's CUDA build serves (fp16/bf16, not validated on this machine: it has no GPU).
 COMBINATIONS = frozenset({("fp32", "cpu"), ("bf16", "cpu"), ("fp32", "cuda"), ("fp16", "cuda"), ("bf16", "cuda")})
+# Sequences vLLM's scheduler runs at once: its CPU default (vllm/engine/arg_utils.py get_batch_defaults), passed
+# explicitly so that relctl's admission in front (admission_limit) and the engine agree on the number.
+MAX_NUM_SEQS = 128
 # The device a package was built for, recorded in its config.json: bf16 is built for either, so the dtype alone
 # cannot say (vLLM passes unknown config keys through untouched).
 BUILT_FOR_KEY = "relctl_execution_provider"
@@ -210,11 +213,15 @@ class VllmBackend(Backend):
         argv = [str(engine_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--served-model-name", served_name, "--max-model-len", str(context),
                 "--dtype", self._dtype(model_dir), "--host", host, "--port", str(port),
-                "--max-logprobs", str(max_logprobs), "--disable-uvicorn-access-log"]
+                "--max-logprobs", str(max_logprobs), "--max-num-seqs", str(MAX_NUM_SEQS),
+                "--disable-uvicorn-access-log"]
         # A pinned package, never the Hub; the KV cache space on CPU in GiB (vLLM's default is 4).
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_space_gib()),
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         return ServerCommand(argv=argv, env=env, health_path="/health")
+
+    def admission_limit(self, settings: ServerSettings) -> int | None:
+        return MAX_NUM_SEQS  # vLLM batches continuously: relctl admits what its scheduler runs
 
     def _dtype(self, model_dir: Path) -> str:
         path = model_dir / "config.json"

@@ -4,7 +4,8 @@
 everything a response owes its caller and the release: request validation against the package's limits,
 admission (429), auth, timeouts, stop strings, the X-Relctl-* identity headers, /metrics and the request
 log. Each admitted request's prompt ids are streamed through vLLM's /v1/completions (vLLM batches the
-requests in flight continuously); relctl's thread pool admits `serving.server.workers` of them at once.
+requests in flight continuously); relctl's thread pool admits as many at once as vLLM schedules itself
+(VllmBackend.admission_limit: its max_num_seqs), or `serving.server.workers` when that is larger.
 Prompt ids, not text, go to vLLM, so relctl's length checks and vLLM see the same tokens.
 """
 
@@ -40,14 +41,17 @@ class VllmRunner:
                                   context_length=int(config.get("max_position_embeddings", 2048)))
         self.eos_ids = frozenset(eos)
         self.batching_note = (f"vLLM batches continuously behind relctl (started in {engine.start_s:.0f}s); relctl "
-                              f"admits {settings.workers} requests at once (serving.server.workers)")
+                              f"admits {settings.workers} requests at once (vLLM's max_num_seqs, or "
+                              "serving.server.workers)")
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         template = model_dir / "chat_template.jinja"
         tokenizer_config = model_dir / "tokenizer_config.json"
         self.chat_template: str | None = template.read_text() if template.is_file() else None
         if self.chat_template is None and tokenizer_config.is_file():
             self.chat_template = json.loads(tokenizer_config.read_text()).get("chat_template")
-        self._http = httpx.Client(base_url=engine.url, timeout=None)
+        # One connection per admitted request: httpx's default pool (100) would queue requests vLLM could run.
+        pool = httpx.Limits(max_connections=settings.workers, max_keepalive_connections=settings.workers)
+        self._http = httpx.Client(base_url=engine.url, timeout=None, limits=pool)
 
     @classmethod
     def start(cls, backend: VllmBackend, model_dir: Path, settings: ServerSettings) -> Self:

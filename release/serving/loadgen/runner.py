@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,9 @@ class RunResult:
 @dataclass
 class SweepResult:
     steps: list[RunResult] = field(default_factory=list)
+    # The best step sent again, same seeded plan, right after the sweep: its spread from the first is the
+    # repeat noise of this endpoint on this machine now (an engines table calls rows within it a tie).
+    repeat: RunResult | None = None
 
     @property
     def best(self) -> RunResult | None:
@@ -158,24 +161,38 @@ def compare(endpoints: dict[str, ClientOptions], traffic: Traffic, slos: SLOs, b
 
 def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: float = 10.0,
           rates: list[float] | None = None, max_steps: int = 8, refine: int = 3, min_requests: int = 20,
-          base_dir: Path | None = None, max_model_len: int | None = None) -> SweepResult:
+          base_dir: Path | None = None, max_model_len: int | None = None, repeat_best: bool = False) -> SweepResult:
     """Find the highest rate meeting the SLOs: the given rates, or double from traffic.rate until a
-    step fails, then bisect between the last passing and the first failing rate `refine` times."""
+    step fails, then bisect between the last passing and the first failing rate `refine` times.
+    `repeat_best`: send the best step's plan once more (SweepResult.repeat)."""
     result = SweepResult()
 
-    def step(rate: float) -> bool:
+    def run_step(rate: float, label: str) -> RunResult:
         n = max(min_requests, round(rate * step_duration_s))
         offsets, samples = plan_traffic(traffic.model_copy(update={"requests": n}), rate, base_dir, max_model_len,
                                         opts.endpoint)
-        run = run_one(f"rate-{rate:g}", opts, offsets, samples, slos, rate, traffic.warmup if not result.steps else 0)
+        return run_one(label, opts, offsets, samples, slos, rate, traffic.warmup if not result.steps else 0)
+
+    def step(rate: float) -> bool:
+        run = run_step(rate, f"rate-{rate:g}")
         result.steps.append(run)
         return run.passed
 
+    _search(step, rates, traffic.rate or 1.0, max_steps, refine)
+    best = result.best
+    if repeat_best and best is not None and best.rate is not None:
+        result.repeat = run_step(best.rate, f"rate-{best.rate:g}-repeat")
+    return result
+
+
+def _search(step: Callable[[float], bool], rates: list[float] | None, start: float, max_steps: int,
+            refine: int) -> None:
+    """The sweep's search: each rate given, or doubling from `start` to the first failing step, then bisection."""
     if rates:
         for rate in sorted(rates):
             step(rate)
-        return result
-    rate = traffic.rate or 1.0
+        return
+    rate = start
     low, high = None, None
     for _ in range(max_steps):
         if step(rate):
@@ -195,7 +212,6 @@ def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: fl
         for _ in range(refine):
             mid = (low + high) / 2
             low, high = (mid, high) if step(mid) else (low, mid)
-    return result
 
 
 def write_records(path: Path, records: Sequence[Any]) -> Path:
