@@ -159,7 +159,7 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
     ctx.as_json = as_json
     report = api.check(run_id, ctx.project_dir, config_path)
     data = {"run_id": run_id, "ok": not report.problems, "found": report.found, "warnings": report.warnings,
-            "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
+            "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
     if as_json:
         emit(data, True, lambda: None)
     for warning in report.warnings:
@@ -169,6 +169,13 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
     if not as_json:
         click.echo(f"run {run_id} meets the run contract: checkpoint, prompts"
                    + (", eval set" if report.found.get("eval_data") else "") + " found; release.yaml checks out")
+        if report.needs:
+            from release.core.units import size
+
+            n = report.needs
+            click.echo(f"the release needs about {size(n['memory_bytes'])} of memory (set by {n['memory_set_by']}) "
+                       f"and {size(n['disk_bytes'])} of disk ({n['precision']} of a {size(n['checkpoint_bytes'])} "
+                       f"checkpoint, candidate {size(n['candidate_bytes'])})")
 
 
 @cli.command()
