@@ -84,9 +84,9 @@ PROMPTS = [f"{a} {b} {c} of the {d}" for a, b, c, d in zip(WORDS, WORDS[3:], WOR
 STAGE_LINE = re.compile(r"^[✓↺✗]\s+(\S+)\s+([\d.]+)s")
 
 
-def checkpoint(size: str) -> Path:
+def checkpoint(size: str, cache: Path = CACHE) -> Path:
     """The synthetic checkpoint of `size` (written once, then reused from the cache folder)."""
-    out = CACHE / size / "checkpoint"
+    out = cache / size / "checkpoint"
     if (out / "config.json").is_file():
         return out
     import torch
