@@ -11,15 +11,21 @@ Per stage (attributed by the progress lines promote prints as each stage finishe
   seconds         wall time of the stage
   peak_rss_bytes  the largest sum of RSS over relctl and every process it started (the builder, the
                   reference worker), sampled every 0.1 s from /proc through psutil
+Every promote runs inside a real memory limit (tests/memlimit.py: a child group of the v1 cgroup memory
+controller, page cache counted as a runner's limit counts it): int4/int8 0.6x the checkpoint + 1 GB,
+fp16/bf16 1.0x + 1 GB, fp32 of a bf16 checkpoint 2.2x + 1 GB (issue 28's targets). A row records the
+limit, the group's own peak (RSS + page cache, memory.max_usage_in_bytes), OOM kills and whether the
+promote finished inside it (exit 0 or a quality verdict, never killed).
 The whole promote: peak RSS (the same tree sum) against the checkpoint's bytes, disk at the end (all of
 `.relctl/`, and what relctl wrote there: its work folder and the registered files, without the training
 run's logged checkpoint; hard links counted once), and two floors measured on the same input:
   read_once_s     reading and hashing the checkpoint once (page cache warm: the promote's own reads are too)
   builder_alone   onnxruntime-genai's model builder run by hand on the checkpoint at that precision
                   (seconds and peak RSS): what convert cannot go below
+and relctl's own disk at its peak during the promote (sampled every 2 s) against checkpoint + candidate.
 Results: benchmarks/results/scaling.json (merged by size and precision across invocations).
 
-    python benchmarks/scaling.py --sizes 0.5b --precisions int4,fp32
+    python benchmarks/scaling.py --sizes 0.5b --precisions int4,fp16
     python benchmarks/scaling.py --sizes 1.5b --precisions int4 --no-floors
 """
 
@@ -41,6 +47,22 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.memlimit import MemoryGroup  # noqa: E402 - the repository root is on the path first
+
+GB = 1 << 30
+# Memory limits by precision: (share of the checkpoint, bytes on top) (issue 28).
+LIMITS = {"int4": (0.6, GB), "int8": (0.6, GB), "fp16": (1.0, GB), "bf16": (1.0, GB), "fp32": (2.2, GB)}
+
+
+def provider(precision: str) -> str:
+    """fp16 is a GPU precision for the builder: built for cuda (its graph still runs on ORT's CPU kernels)."""
+    return "cuda" if precision == "fp16" else "cpu"
+
+
+def limit_bytes(precision: str, ckpt_bytes: int) -> int:
+    share, extra = LIMITS[precision]
+    return int(share * ckpt_bytes + extra)
 RESULTS = Path(__file__).parent / "results" / "scaling.json"
 RELCTL = Path(sys.executable).parent / "relctl"
 CACHE = Path(os.environ.get("RELCTL_SCALING_CACHE", "/tmp/relctl-scaling"))
@@ -62,9 +84,9 @@ PROMPTS = [f"{a} {b} {c} of the {d}" for a, b, c, d in zip(WORDS, WORDS[3:], WOR
 STAGE_LINE = re.compile(r"^[✓↺✗]\s+(\S+)\s+([\d.]+)s")
 
 
-def checkpoint(size: str) -> Path:
+def checkpoint(size: str, cache: Path = CACHE) -> Path:
     """The synthetic checkpoint of `size` (written once, then reused from the cache folder)."""
-    out = CACHE / size / "checkpoint"
+    out = cache / size / "checkpoint"
     if (out / "config.json").is_file():
         return out
     import torch
@@ -117,12 +139,16 @@ def folder_bytes(folder: Path, skip: Path | None = None) -> int:
 
 
 class TreeSampler:
-    """Samples the summed RSS of a process and all its descendants every `interval` seconds."""
+    """Samples the summed RSS of a process and all its descendants every `interval` seconds (and, with
+    `disk`, the bytes under that folder every 2 s)."""
 
-    def __init__(self, pid: int, interval: float = 0.1) -> None:
+    def __init__(self, pid: int, interval: float = 0.1, disk: tuple[Path, Path] | None = None) -> None:
         self.root = psutil.Process(pid)
         self.interval = interval
         self.samples: list[tuple[float, int]] = []
+        self.disk = disk
+        self.disk_peak = 0
+        self._disk_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -148,6 +174,12 @@ class TreeSampler:
                     pass
             if total:
                 self.samples.append((time.monotonic(), total))
+            if self.disk is not None and time.monotonic() - self._disk_at > 2.0:
+                self._disk_at = time.monotonic()
+                try:
+                    self.disk_peak = max(self.disk_peak, folder_bytes(*self.disk))
+                except OSError:
+                    pass  # a folder renamed or removed under the walk: the next sample counts it
             self._stop.wait(self.interval)
 
     def peak(self, start: float = 0.0, end: float = float("inf")) -> int:
@@ -176,39 +208,60 @@ def promote(size: str, precision: str, work: Path) -> dict[str, Any]:
     (project / "data" / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     # Random weights: every quality threshold opened (see the module docstring); the stages all run.
     (project / "release.yaml").write_text(
-        f"model: scaling-{size}\nconvert:\n  precision: {precision}\nvalidation:\n  min_top1_agreement: 0\n"
+        f"model: scaling-{size}\nconvert:\n  precision: {precision}\n  execution_provider: {provider(precision)}\n"
+        "validation:\n  min_top1_agreement: 0\n"
         "  max_mean_kl: 1000\n  max_perplexity_increase: 1000\n  min_greedy_agreement: 0\n")
     env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     run_id = log_run(project, ckpt, project / "data")
+    ckpt_bytes = weights_bytes(ckpt)
+    limit = limit_bytes(precision, ckpt_bytes)
+    # What relctl itself writes: the work folder and the registered files, not the training run's logged
+    # checkpoint (the input, in the same local artifact store here).
+    own = (project / ".relctl", project / ".relctl" / "artifacts" / "scaling")
     started = time.monotonic()
-    proc = subprocess.Popen([str(RELCTL), "--project-dir", str(project), "promote", run_id, "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    stages: list[dict[str, Any]] = []
-    with TreeSampler(proc.pid) as sampler:
-        assert proc.stderr is not None
-        last = started
-        for line in proc.stderr:
-            sys.stderr.write(line)
-            match = STAGE_LINE.match(line.strip())
-            if match:
-                now = time.monotonic()
-                stages.append({"stage": match.group(1), "seconds": float(match.group(2)), "start": last, "end": now})
-                last = now
-        out, _ = proc.communicate()
+    with MemoryGroup(limit) as group:
+        proc = subprocess.Popen([str(RELCTL), "--project-dir", str(project), "promote", run_id, "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                preexec_fn=group.enter)
+        stages: list[dict[str, Any]] = []
+        with TreeSampler(proc.pid, disk=own) as sampler:
+            assert proc.stderr is not None
+            last = started
+            tail: list[str] = []
+            for line in proc.stderr:
+                sys.stderr.write(line)
+                tail = [*tail[-5:], line.rstrip()]
+                match = STAGE_LINE.match(line.strip())
+                if match:
+                    now = time.monotonic()
+                    stages.append({"stage": match.group(1), "seconds": float(match.group(2)), "start": last,
+                                   "end": now})
+                    last = now
+            out, _ = proc.communicate()
+        group_peak, oom_kills = group.peak_bytes(), group.oom_kills()
     total = time.monotonic() - started
     for stage in stages:
         stage["peak_rss_bytes"] = sampler.peak(stage.pop("start"), stage.pop("end"))
     report = json.loads(out) if out.strip() else {}
-    ckpt_bytes = weights_bytes(ckpt)
     peak = sampler.peak()
+    candidate = sum(folder_bytes(m) for m in (project / ".relctl" / "work").glob("*/convert-*/model"))
+    relctl_disk = folder_bytes(*own)
+    killed = oom_kills > 0 or proc.returncode in (-9, 137)
     return {"size": size, "precision": precision, "exit_code": proc.returncode, "outcome": report.get("outcome"),
             "checkpoint_bytes": ckpt_bytes, "total_s": round(total, 1), "peak_rss_bytes": peak,
             "peak_over_checkpoint": round(peak / ckpt_bytes, 2),
+            "memory_limit": {"limit_bytes": limit, "rule": "{}x checkpoint + {} GB".format(*LIMITS[precision][:1],
+                                                                                      LIMITS[precision][1] // GB),
+                             "group_peak_bytes": group_peak, "oom_kills": oom_kills, "killed": killed,
+                             "held": not killed and proc.returncode in (0, 1)},
+            "error_tail": [] if proc.returncode == 0 else tail,
             "work_disk_bytes": folder_bytes(project / ".relctl"),
-            # What relctl itself wrote: the work folder and the registered files, not the training run's
-            # logged checkpoint (the input, in the same local artifact store here).
-            "relctl_disk_bytes": folder_bytes(project / ".relctl", skip=project / ".relctl" / "artifacts" / "scaling"),
+            "relctl_disk_bytes": relctl_disk,
+            "relctl_disk_peak_bytes": max(sampler.disk_peak, relctl_disk),
+            "candidate_bytes": candidate,
+            "relctl_disk_peak_over_checkpoint_plus_candidate": round(
+                max(sampler.disk_peak, relctl_disk) / (ckpt_bytes + candidate), 2) if candidate else None,
             "stages": stages}
 
 
@@ -227,7 +280,7 @@ def builder_alone(ckpt: Path, precision: str, work: Path) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o",
-                             str(out), "-p", precision, "-e", "cpu", "-c", str(work / "builder-cache")],
+                             str(out), "-p", precision, "-e", provider(precision), "-c", str(work / "builder-cache")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with TreeSampler(proc.pid) as sampler:
         proc.wait()
@@ -246,7 +299,7 @@ def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
     the TARGETS: peak RSS, work-folder disk and wall minutes a release runner needs (time on this 2-core
     machine under its measured load; a line, since every stage streams or runs the model once)."""
     out: dict[str, Any] = {}
-    for precision in ("int4", "fp32"):
+    for precision in ("int4", "fp16", "fp32"):
         points = [r for k, r in rows.items() if k.startswith(f"{label}/") and r["precision"] == precision
                   and r["exit_code"] == 0 and r["size"] != "tiny"]
         if len({r["checkpoint_bytes"] for r in points}) < 2:
@@ -254,10 +307,14 @@ def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
         x = [float(r["checkpoint_bytes"]) for r in points]
         line: dict[str, list[float]] = {}
         series = [("peak_rss_bytes", [float(r["peak_rss_bytes"]) for r in points]),
+                  ("group_peak_bytes", [float(r.get("memory_limit", {}).get("group_peak_bytes", r["peak_rss_bytes"]))
+                                        for r in points]),
                   ("work_disk_bytes", [float(r["work_disk_bytes"]) for r in points]),
                   ("minutes", [r["total_s"] / 60 for r in points])]
         if all("relctl_disk_bytes" in r for r in points):
             series.append(("relctl_disk_bytes", [float(r["relctl_disk_bytes"]) for r in points]))
+        if all("relctl_disk_peak_bytes" in r for r in points):
+            series.append(("relctl_disk_peak_bytes", [float(r["relctl_disk_peak_bytes"]) for r in points]))
         for key, values in series:
             n = len(x)
             mx, my = sum(x) / n, sum(values) / n
@@ -273,7 +330,7 @@ def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="0.5b", help=f"comma-separated, of {', '.join(SHAPES)}")
-    parser.add_argument("--precisions", default="int4,fp32")
+    parser.add_argument("--precisions", default="int4,fp16")
     parser.add_argument("--no-floors", action="store_true", help="skip the builder-alone floor (minutes at 1.5B)")
     parser.add_argument("--label", default="after", help="key the rows are stored under (before/after a change)")
     parser.add_argument("--work", type=Path, default=CACHE / "work")
@@ -299,7 +356,8 @@ def main() -> None:
             rows = results.setdefault("rows", {})
             rows[f"{args.label}/{size}/{precision}"] = row
             results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
-            results["fit"] = fit(rows)
+            results["fit"] = fit(rows, args.label)
+            results["fit_label"] = args.label
             RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -174,7 +174,7 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
     ctx.as_json = as_json
     report = api.check(run_id, ctx.project_dir, config_path)
     data = {"run_id": run_id, "ok": not report.problems, "found": report.found, "warnings": report.warnings,
-            "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
+            "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
     if as_json:
         emit(data, True, lambda: None)
     for warning in report.warnings:
@@ -184,6 +184,13 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
     if not as_json:
         click.echo(f"run {run_id} meets the run contract: checkpoint, prompts"
                    + (", eval set" if report.found.get("eval_data") else "") + " found; release.yaml checks out")
+        if report.needs:
+            from release.core.units import size
+
+            n = report.needs
+            click.echo(f"the release needs about {size(n['memory_bytes'])} of memory (set by {n['memory_set_by']}) "
+                       f"and {size(n['disk_bytes'])} of disk ({n['precision']} of a {size(n['checkpoint_bytes'])} "
+                       f"checkpoint, candidate {size(n['candidate_bytes'])})")
 
 
 @cli.command()
@@ -298,6 +305,44 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
 
     emit(data, as_json, text)
+
+
+@cli.command()
+@click.option("--yes", "confirmed", is_flag=True, help="Delete; without it gc only lists what it would delete.")
+@click.option("--all", "include_unfinished", is_flag=True,
+              help="Also the work folders of unfinished releases (a re-run then starts over).")
+@json_option
+@click.pass_obj
+@handled
+def gc(ctx: Ctx, confirmed: bool, include_unfinished: bool, as_json: bool) -> None:
+    """Remove work folders (.relctl/work/<run>) whose release finished; lists them unless --yes. Never the
+    folder of a promote in flight."""
+    from release.pipeline import workdirs
+    from release.registry.client import open_registry
+    from release.registry.store import STATE_DIR
+
+    registry = open_registry(ctx.project_dir, read_only=True)
+    work_root = ctx.project_dir / STATE_DIR / "work"
+    uri = registry.store.tracking_uri
+    plan = workdirs.plan_gc(work_root, uri, workdirs.finished_runs(registry), work_root)
+    rows: list[dict[str, Any]] = []
+    for folder in plan:
+        wanted = not folder.in_flight and (folder.finished or include_unfinished)
+        removed = confirmed and wanted and workdirs.collect(folder, uri, work_root, include_unfinished)
+        rows.append({"run": folder.run_id, "bytes": folder.bytes, "finished": folder.finished,
+                     "in_flight": folder.in_flight, "would_remove": wanted, "removed": removed})
+
+    def text() -> None:
+        from release.core.units import size
+
+        for row, folder in zip(rows, plan, strict=True):
+            verb = "removed" if row["removed"] else ("would remove" if row["would_remove"] else "keeps")
+            click.echo(f"{verb:<12} {size(folder.bytes):>10}  {folder.run_id}  ({folder.action})")
+        total = sum(r["bytes"] for r in rows if r["removed"] or (r["would_remove"] and not confirmed))
+        click.echo(f"{'freed' if confirmed else 'would free'} {size(total)}"
+                   + ("" if confirmed else "; run relctl gc --yes to delete"))
+
+    emit(rows, as_json, text)
 
 
 @cli.command()

@@ -49,6 +49,7 @@ class ContractReport:
     backend: Backend | None = None    # the backend that will build and serve the checkpoint, once known
     engine_why: str | None = None     # why that backend: release.yaml named it, or what auto passed over
     model: str | None = None          # the registered model name the release would use, once it is valid
+    needs: dict[str, Any] | None = None  # the memory and disk the release will need (release/pipeline/resources.py)
 
 
 # MLflow's "Default" experiment always has id "0" (any store, SQL or file).
@@ -128,6 +129,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
             report.engine_why = engine_reason(config, cfg, report.backend)
             report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
             report.problems += context_problems(cfg, gates, config)  # every context within the model's
+            report.problems += resource_problems(config, cfg, config_dir, report)  # memory and disk, before any stage
             # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
             check_supported(config, f"{ckpt}/config.json")
             if "adapter_config.json" in files:
@@ -177,6 +179,19 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def resource_problems(config: dict[str, Any], cfg: ReleaseConfig, config_dir: Path | None,
+                      report: ContractReport) -> list[Problem]:
+    """The release's memory and disk against this machine's (release/pipeline/resources.py)."""
+    from release.pipeline import resources  # noqa: PLC0415 - the memory shape rules load only here
+
+    need = resources.needs(config, cfg.convert.precision, cfg.convert.execution_provider)
+    if need is None:
+        return []
+    report.needs = need.as_dict()
+    return [Problem(message, hint) for message, hint in
+            resources.shortfalls(need, resources.machine(config_dir or Path.cwd()))]
 
 
 def require_contract(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[Gate], config_dir: Path | None,

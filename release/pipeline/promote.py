@@ -60,6 +60,7 @@ from release.pipeline.report import (
     summary_markdown,
 )
 from release.pipeline.runner import Done, Pipeline, promote_lock, work_dir_for
+from release.pipeline.workdirs import prune_released
 from release.registry import CANDIDATE, PRODUCTION, Registry, links
 from release.registry import tags as T
 from release.registry.client import logged_model_id
@@ -242,6 +243,10 @@ class Promotion:
             self._after_register(run, name, package, intake, report, production, registered, later)
         elif self.cfg.require_approval:
             self._await_approval(run, name, registered, report, production)
+        freed = prune_released(pipe.work_dir)  # the registry holds the package now (release/pipeline/workdirs.py)
+        if freed:
+            self.progress.note(f"work folder: removed the fetched and merged checkpoints ({size(freed)}); a "
+                               "re-run fetches them again and resumes the rest")
 
     def _memory(self, pipe: Pipeline, candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[MemoryResult]:
         return pipe.run(MemoryStage(MemoryInputs(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from release.core.errors import InputError, RegistryError
 from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_package
-from release.registry import Registry
+from release.registry import Registry, package_links
 from release.registry import tags as T
 from release.registry.records import VersionRecord
 from release.signing.keys import Trust
@@ -54,7 +54,26 @@ def fetch_package(registry: Registry, name: str, version: str, dest: Path, mv: V
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     local = registry.download_uri(uri, target)
+    fill_linked(registry, uri, local, target)
     return verify_registered(local, name, version, anchor, trust, warn)
+
+
+def fill_linked(registry: Registry, uri: str, local: Path, scratch: Path) -> None:
+    """Put the files the package leaves to its MLflow model (release/registry/package_links.py) into the
+    downloaded `local`; the manifest check that follows covers them. Nothing for older versions."""
+    try:
+        note = registry.download_uri(package_links.links_uri(uri), scratch / ".links")
+    except RegistryError:
+        return  # no links file: the release run's package/ holds every file
+    model_id, files = package_links.read_links(note)
+    location = registry.client.get_logged_model(model_id).artifact_location.rstrip("/")
+    for relative, name in files.items():
+        into = local / relative
+        into.parent.mkdir(parents=True, exist_ok=True)
+        fetched = registry.download_uri(f"{location}/{name}", scratch / ".linked")
+        fetched.replace(into)
+    shutil.rmtree(scratch / ".links", ignore_errors=True)
+    shutil.rmtree(scratch / ".linked", ignore_errors=True)
 
 
 def verify_registered(local: Path, name: str, version: str, anchor: str, trust: Trust,

@@ -71,9 +71,20 @@ class ReleaseRun:
         with _writing(f"log {artifact_path}/{path.name}"):
             mlflow.log_artifact(str(path), artifact_path)
 
-    def log_artifacts(self, folder: Path, artifact_path: str) -> None:
+    def log_artifacts(self, folder: Path, artifact_path: str, skip: frozenset[str] = frozenset()) -> None:
+        """`folder` as `artifact_path/`, but for the files (paths relative to `folder`) in `skip`."""
         with _writing(f"log {artifact_path}/"):
-            mlflow.log_artifacts(str(folder), artifact_path)
+            if not skip:
+                mlflow.log_artifacts(str(folder), artifact_path)
+                return
+            for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+                relative = path.relative_to(folder)
+                if relative.as_posix() not in skip:
+                    mlflow.log_artifact(str(path), "/".join([artifact_path, *relative.parent.parts]))
+
+    def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
+        with _writing(f"log {artifact_file}"):
+            mlflow.log_dict(data, artifact_file)
 
     def log_onnx_model(self, model_path: Path, extra_files: list[str], requirements: list[str]) -> LoggedModelRef:
         """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
@@ -98,7 +109,7 @@ class ReleaseRun:
                                     hint="use MLflow 3 (relctl pins mlflow>=3.17)")
             for name in data_files:
                 MlflowClient().log_model_artifact(str(model_id), str(model_path.parent / name))
-        return LoggedModelRef(str(info.model_uri), model_id)
+        return LoggedModelRef(str(info.model_uri), model_id, tuple(data_files))
 
     def log_files_model(self, files: list[Path], flavour: dict[str, Any]) -> LoggedModelRef:
         """A LoggedModel (linked to this run) whose artifacts are `files` and an MLmodel naming the `relctl`
@@ -115,13 +126,15 @@ class ReleaseRun:
             model.save(str(folder / "MLmodel"))
             client.log_model_artifacts(logged.model_id, str(folder))
         mlflow.finalize_logged_model(logged.model_id, "READY")
-        return LoggedModelRef(f"models:/{logged.model_id}", logged.model_id)
+        return LoggedModelRef(f"models:/{logged.model_id}", logged.model_id, tuple(p.name for p in files))
 
 
 @dataclass(frozen=True)
 class LoggedModelRef:
     model_uri: str
     model_id: str | None
+    # Files the LoggedModel holds byte for byte as the package's model folder has them (by name).
+    verbatim: tuple[str, ...] = ()
 
 
 def onnx_signature(model_path: Path) -> ModelSignature:

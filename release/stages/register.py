@@ -1,7 +1,8 @@
 """Register: an MLflow model version with its stable tags, metrics, a model card and the package.
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
-verify and load); the MLflow model is logged in the flavour the package's backend names (for
+verify and load), less the weight files the MLflow model holds: one stored copy of them
+(release/registry/package_links.py); the MLflow model is logged in the flavour the package's backend names (for
 onnxruntime-genai: mlflow.onnx with a named TensorSpec signature and explicit pip requirements, so the
 version also loads with mlflow.pyfunc; otherwise the runtime files with a `relctl` flavour).
 
@@ -31,7 +32,7 @@ from release.core.errors import RegistryError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_file, sha256_json
 from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
-from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry, package_links
 from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO
 from release.registry.runs import LoggedModelRef, ReleaseRun
@@ -144,8 +145,13 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
     """Log the package and its MLflow model to the release run and register them as a new version, its
     numbers as metrics of the version's LoggedModel."""
     run.set_tags(lineage_tags(lineage, package))
-    run.log_artifacts(package.root, PACKAGE_ARTIFACT)
+    # One stored copy of the weights (release/registry/package_links.py): the MLflow model holds them,
+    # the release run's package/ everything else and a note of where the rest lives.
     info = log_model(run, package)
+    linked = package_links.links(package.root, package.model_dir, info.verbatim) if info.model_id else {}
+    run.log_artifacts(package.root, PACKAGE_ARTIFACT, skip=frozenset(linked))
+    if linked:
+        run.log_dict({"model_id": info.model_id, "files": linked}, package_links.LINKS_FILE)
     tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_RUNS: run.run_id,
                                            T.RELEASE_STATE: state, **extra})
     registry.ensure_model(name, description=MODEL_INTRO)

@@ -18,7 +18,9 @@ its backend and its served tokenizer (what production will do). The reference's 
 before the candidate loads, and the reference model is gone by then: the two never share memory.
 Validation never raises to block a release: a failing candidate returns passed=False with failures naming
 metric, value and threshold; bad input (a missing or malformed prompts file, a missing folder) is an
-InputError.
+InputError. A candidate the engine cannot load or run is neither: it has no quality to judge, so it is a
+build/engine failure (StageFailed, exit 4) carrying the engine's own message, never a verdict whose advice
+would be to relax the thresholds. Only NaN/Inf logits, which the candidate did compute, are a verdict.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from release.backends import get_backend
 from release.backends.base import Backend, LoadedModel
 from release.config import ValidationConfig
 from release.core.checks import ThresholdCheck
-from release.core.errors import InputError, ReleaseError
+from release.core.errors import InputError, ReleaseError, StageFailed
 from release.core.package import missing_runtime
 from release.core.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 from release.stages import reference as reference_stage
@@ -94,7 +96,7 @@ def validate(
         gc.collect()  # the reference model is unreachable now: gone before the candidate loads
     continuations = [r.continuation for r in refs]
     # The candidate's runtime files are checked up front: a folder that is not a model is bad input,
-    # while a model that fails to load or run is evidence against the candidate.
+    # while a model that fails to load or run is a build/engine failure (cannot_run).
     missing_runtime(backend, candidate_dir, candidate_dir.name)
     parity = TokenizerParity(passed=False, checked=0)
     try:
@@ -107,9 +109,8 @@ def validate(
         raise
     except NonFiniteLogits as exc:
         return failed(parity, f"candidate: {exc} (overflow at this precision?)")
-    except Exception as exc:  # a candidate that cannot run is evidence, not a relctl crash
-        message = f"candidate: failed to run ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})"
-        return failed(parity, message)
+    except Exception as exc:  # the engine's own failure: named, not turned into a quality verdict
+        raise cannot_run(backend, candidate_dir, exc) from exc
     metrics["tokenizer_parity"] = 1.0 if parity.passed else 0.0
     checks = threshold_checks(metrics, thresholds)
     failures = [describe_failure(c) for c in checks if not c.passed]
@@ -200,6 +201,23 @@ def greedy_metrics(
     return (
         {"greedy_agreement": identical / len(prompts), "greedy_prefix_match": float(np.mean(prefix_shares))},
         samples[:20],
+    )
+
+
+def engine_message(exc: BaseException) -> str:
+    """The engine's words for `exc` on one line: onnxruntime's useful part ("Status Message: ...") comes
+    after a long node name, so the line is kept whole up to a bound rather than cut at 200 characters."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = " ".join(lines) if lines else "(no message)"
+    return f"{exc.__class__.__name__}: {text[:600]}"
+
+
+def cannot_run(backend: Backend, candidate_dir: Path, exc: BaseException) -> StageFailed:
+    """A candidate that fails to load or run is a build/engine failure (exit 4), not a quality verdict."""
+    return StageFailed(
+        f"validate: the candidate built by {backend.id} cannot run in its engine ({engine_message(exc)})",
+        hint=f"this is a build or engine failure, not a quality verdict: the thresholds are not the cause; "
+             f"the built folder is {candidate_dir} and convert's log lies beside it",
     )
 
 

@@ -3,6 +3,7 @@ never loads the weights to log it (the graph is serialized alone; its external d
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from release.backends import backend_for_folder
 from release.commands.api import open_registry
+from release.core.errors import InputError
 from release.core.package import build_package, verify_package
 from release.registry import Registry
 from release.registry.store import connect, resolve_store
@@ -60,3 +62,32 @@ def test_the_logged_graph_is_not_rewritten(registered: tuple[Path, str, Path], t
     local = registry.download_uri(mv.source, tmp_path / "model")
     assert (local / "model.onnx.data").read_bytes() == (package / "model" / "model.onnx.data").read_bytes()
     shutil.rmtree(local)
+
+
+def test_the_registry_stores_the_weights_once_and_fetch_puts_the_package_back_together(
+        registered: tuple[Path, str, Path], tmp_path: Path) -> None:
+    """The release run's package/ leaves the weights to the MLflow model (package.links.json says where);
+    fetch_package fills them in and the manifest check covers them. The artifact store holds one copy."""
+    from release.pipeline.versions import fetch_package
+    from release.signing.keys import Trust
+
+    project, version, package = registered
+    weights = (package / "model" / "model.onnx.data").stat().st_size
+    artifacts = project / ".relctl" / "artifacts"
+    stored = [p for p in artifacts.rglob("model.onnx.data") if p.is_file()]
+    assert len(stored) == 1 and stored[0].stat().st_size == weights  # in the MLflow model, not in package/
+    (links,) = artifacts.rglob("package.links.json")
+    assert json.loads(links.read_text())["files"] == {"model/model.onnx.data": "model.onnx.data"}
+    total = sum(p.stat().st_size for p in artifacts.rglob("*") if p.is_file())
+    package_bytes = sum(p.stat().st_size for p in package.rglob("*") if p.is_file())
+    assert total < 1.2 * package_bytes, (total, package_bytes)
+
+    registry = Registry(resolve_store(project))
+    fetched = fetch_package(registry, "m", version, tmp_path, trust=Trust())
+    original = (package / "model" / "model.onnx.data").read_bytes()
+    assert (fetched.root / "model" / "model.onnx.data").read_bytes() == original
+
+    # The linked file is checked like any other: other bytes in the MLflow model are refused.
+    stored[0].write_bytes(stored[0].read_bytes()[:-1] + b"\0")
+    with pytest.raises(InputError, match="does not match its sha256"):
+        fetch_package(registry, "m", version, tmp_path / "again", trust=Trust())

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from release.backends import get_backend
 from release.config import ValidationConfig
-from release.core.errors import InputError
+from release.core.errors import EXIT_STAGE_FAILED, InputError, StageFailed
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
 from release.stages.validate import EDGE_STRINGS, ValidateResult, compare_tokenizers, load_prompts, validate
@@ -114,16 +114,22 @@ def test_default_genai_tokenizer_drops_bos(builds: dict[str, Path]) -> None:
     assert parity.first_mismatch["training_ids"][1:] == parity.first_mismatch["served_ids"]
 
 
-def test_a_candidate_that_cannot_run_fails_without_raising(
+def test_a_candidate_that_cannot_load_is_an_engine_failure_not_a_verdict(
     tmp_path: Path, builds: dict[str, Path], prompts: list[str]
 ) -> None:
+    """A built model whose weights are cut short: onnxruntime refuses it. That is a build/engine failure
+    (exit 4) naming onnxruntime's own message, not a validation verdict whose advice is to relax thresholds."""
     corrupt = tmp_path / "corrupt"
     shutil.copytree(builds["int8"], corrupt)
     data = corrupt / "model.onnx.data"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
-    report = run({**builds, "corrupt": corrupt}, "corrupt", prompts[:2], ValidationConfig())
-    assert not report.passed
-    assert report.failures[0].startswith("candidate: failed to run")
+    with pytest.raises(StageFailed) as caught:
+        run({**builds, "corrupt": corrupt}, "corrupt", prompts[:2], ValidationConfig())
+    assert caught.value.exit_code == EXIT_STAGE_FAILED
+    assert "cannot run in its engine" in caught.value.message
+    assert "Deserialize tensor" in caught.value.message  # onnxruntime's words about the cut-short weights
+    assert caught.value.hint is not None and "not a quality verdict" in caught.value.hint
+    assert "relax" not in caught.value.message
 
 
 def test_missing_candidate_folder_is_bad_input(tmp_path: Path, builds: dict[str, Path], prompts: list[str]) -> None:

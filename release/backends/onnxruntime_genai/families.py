@@ -142,6 +142,11 @@ def builder_config(config: dict[str, Any]) -> dict[str, Any]:
     - Gemma-3 with transformers 5's per-layer-type rope_parameters: the builder reads one rope_type and a
       rope_local_base_freq; the global (full_attention) settings go on top and the sliding layers' theta as
       rope_local_base_freq, beside the nested entries transformers 5 reads back.
+    - A sliding window wider than the context (Gemma-2's config class keeps sliding_window 4096 whatever
+      max_position_embeddings is): attention over it is attention over everything, but the builder sizes the
+      windowed layers' KV cache to the context and the window to sliding_window, and onnxruntime refuses at
+      the first token ("KV cache capacity (256) must be at least local_window_size (4096)"). The window is
+      clamped to the context: the same attention, a cache that holds it.
     """
     out = copy.deepcopy(config)
     arch = architecture(config)
@@ -155,4 +160,7 @@ def builder_config(config: dict[str, Any]) -> dict[str, Any]:
         local = nested.get("sliding_attention", {}).get("rope_theta", config.get("rope_local_base_freq"))
         flat = {**nested["full_attention"], **({"rope_local_base_freq": local} if local is not None else {})}
         out["rope_parameters"] = {**flat, **nested}
+    window, context = config.get("sliding_window"), config.get("max_position_embeddings")
+    if isinstance(window, int) and isinstance(context, int) and 0 < context < window:
+        out["sliding_window"] = context
     return out

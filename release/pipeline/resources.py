@@ -1,0 +1,145 @@
+"""What a release will need of this machine, from config.json and the precision, checked before any slow
+stage (`relctl check` and promote's first step): refused with the numbers (exit 2) when it cannot fit.
+
+Predicted from the checkpoint's shape (release/memory/shape.py: parameters, and the bytes the builder writes
+at the precision) and the line fitted through benchmarks/results/scaling.json (0.5B-3B Qwen2.5 shapes, each
+promote inside a cgroup memory limit):
+- memory: the limit the whole promote (relctl and every process it starts) completes inside,
+  MEMORY_FIT[precision] = (share of the checkpoint, bytes on top); the stage nearest it named beside;
+- disk: what relctl itself writes at its peak, just before the release prunes its work folder
+  (release/pipeline/workdirs.py): the fetched and the merged checkpoint, the candidate in the work folder
+  and its one copy in the registry (release/registry/package_links.py), plus DISK_SLACK.
+The machine: free disk under the project (shutil.disk_usage); memory from the cgroup limit when one is set
+(a CI runner's container), else MemAvailable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from release.core.units import size
+
+GB = 1 << 30
+# (share of the checkpoint's bytes, bytes on top): the memory limit a promote completes inside (a cgroup
+# limit, page cache counted: a limit, not a peak RSS, since mapped checkpoint pages are reclaimable), and
+# the stage that comes closest to it. Checked by benchmarks/scaling.py at 0.5B-3B (README: Scaling).
+MEMORY_FIT: dict[str, tuple[float, int, str]] = {
+    "int4": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
+    "int8": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
+    # fp16 is validated on onnxruntime's CPU kernels here, which hold fp32 copies of the fp16 weights: the
+    # 0.5B fp16 promote was OOM-killed in validate inside 1.0x + 1 GB (benchmarks/results/scaling.json).
+    "fp16": (2.0, GB, "validate (onnxruntime's CPU kernels widen the fp16 candidate to fp32)"),
+    "fp32": (2.2, GB, "convert (onnxruntime reading the fp32 external data)"),
+}
+DISK_SLACK = 256 << 20
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_UNLIMITED = 1 << 60
+
+
+@dataclass(frozen=True)
+class Needs:
+    precision: str
+    checkpoint_bytes: int
+    candidate_bytes: int
+    memory_bytes: int
+    memory_set_by: str
+    disk_bytes: int
+
+    def describe(self) -> str:
+        return (f"{self.precision} of a {size(self.checkpoint_bytes)} checkpoint (candidate "
+                f"{size(self.candidate_bytes)}): needs about {size(self.memory_bytes)} of memory (set by "
+                f"{self.memory_set_by}) and {size(self.disk_bytes)} of disk")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def needs(config: dict[str, Any], precision: str, provider: str) -> Needs | None:
+    """The release's needs, or None when the shape cannot be read (the contract check names that)."""
+    from release.memory.shape import builder_weights_bytes, parameter_count, shape_from_config  # noqa: PLC0415
+
+    if precision not in MEMORY_FIT:
+        return None
+    try:
+        shape = shape_from_config(config)
+    except Exception:
+        return None
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    checkpoint = parameter_count(shape) * _DTYPE_BYTES.get(dtype, 4)
+    candidate = builder_weights_bytes(shape, precision, "cuda" if provider == "cuda" else "cpu")  # type: ignore[arg-type]
+    share, extra, stage = MEMORY_FIT[precision]
+    return Needs(precision, checkpoint, candidate, int(share * checkpoint + extra), stage,
+                 2 * checkpoint + 2 * candidate + DISK_SLACK)
+
+
+def cgroup_memory_limit() -> int | None:
+    """This process's memory limit from its cgroup and its ancestors (v2 memory.max, v1
+    memory.limit_in_bytes); None when none is set. Inside a container the mount's root is the container's
+    own group, so the group's path from /proc/self/cgroup is matched by its longest tail that exists."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            mount, name = Path("/sys/fs/cgroup"), "memory.max"
+        elif "memory" in controllers.split(","):
+            mount, name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        here = next((mount.joinpath(*parts[i:]) for i in range(len(parts) + 1)
+                     if mount.joinpath(*parts[i:]).is_dir()), None)
+        while here is not None and here.is_relative_to(mount):
+            try:
+                text = (here / name).read_text().strip()
+            except OSError:
+                text = ""
+            if text.isdigit() and int(text) < _UNLIMITED:
+                limits.append(int(text))
+            here = here.parent if here != mount else None
+    return min(limits) if limits else None
+
+
+def mem_available() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Machine:
+    memory_bytes: int | None
+    memory_source: str
+    disk_free_bytes: int
+    disk_path: str
+
+
+def machine(project_dir: Path) -> Machine:
+    limit = cgroup_memory_limit()
+    memory, source = (limit, "cgroup limit") if limit is not None else (mem_available(), "MemAvailable")
+    where = project_dir if project_dir.exists() else Path.cwd()
+    return Machine(memory, source, shutil.disk_usage(where).free, str(where))
+
+
+def shortfalls(need: Needs, have: Machine) -> list[tuple[str, str]]:
+    """(error, hint) for each resource the machine lacks."""
+    out = []
+    if have.memory_bytes is not None and need.memory_bytes > have.memory_bytes:
+        out.append((f"this release needs about {size(need.memory_bytes)} of memory and the machine has "
+                    f"{size(have.memory_bytes)} ({have.memory_source}): {need.describe()}",
+                    "run it on a runner with more memory, or choose a smaller precision (int4 needs the least)"))
+    if need.disk_bytes > have.disk_free_bytes:
+        out.append((f"this release needs about {size(need.disk_bytes)} of disk and {have.disk_path} has "
+                    f"{size(have.disk_free_bytes)} free: {need.describe()}",
+                    "free disk (relctl gc --yes removes finished releases' work folders) or use a larger disk"))
+    return out
