@@ -24,10 +24,9 @@ from typing import Any
 
 from release.backends import backend_of
 from release.backends.base import Backend, Runner
+from release.backends.jobs import Finished, GenerationParams, Job, StopMatcher
 from release.core.package import PackageManifest
 from release.core.server_settings import ServerSettings
-from release.serving.jobs import Finished, Job, StopMatcher
-from release.serving.protocol import GenerationParams
 
 __all__ = ["Engine", "Finished", "StopMatcher", "open_engine"]
 

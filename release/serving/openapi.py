@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from release.backends.jobs import ModelLimits
 from release.core.server_settings import ServerSettings
 from release.serving.metrics import Identity
-from release.serving.protocol import INT32_MAX, MAX_STOP_CHARS, ModelLimits
+from release.serving.protocol import INT32_MAX, MAX_STOP_CHARS
 
 OPENAPI_VERSION = "3.0.3"
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from release.backends.jobs import GenerationParams, ModelLimits
 from release.core.server_settings import ServerSettings
 
 INT32_MAX = 2**31 - 1
@@ -81,27 +81,6 @@ class ChatMessage(_Schema):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """What the engine needs from a request, checked against the server's limits."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: tuple[str, ...]
-    ignore_eos: bool
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What the loaded model can honour (from its genai_config.json)."""
-
-    vocab_size: int
-    context_length: int
 
 
 def check_params(req: SamplingFields, settings: ServerSettings, limits: ModelLimits) -> GenerationParams:

@@ -160,9 +160,11 @@ def log_model(run: ReleaseRun, package: PackageManifest) -> LoggedModelRef:
     backend = backend_of(package)
     flavour = backend.flavour()
     files = sorted(p for p in package.model_dir.iterdir() if p.is_file())
-    if flavour.kind == "onnx":
-        extras = [str(p) for p in files if not p.name.startswith(flavour.model_file)] + [str(package.root / MANIFEST)]
-        return run.log_onnx_model(package.model_dir / flavour.model_file, extras, list(flavour.pip_requirements))
+    flavoured = backend.flavour_model(package.model_dir)
+    if flavoured is not None:
+        logged = {flavour.model_file, *(p.name for p in flavoured.side_files)}
+        extras = [str(p) for p in files if p.name not in logged] + [str(package.root / MANIFEST)]
+        return run.log_flavour_model(flavour.kind, flavoured, extras, list(flavour.pip_requirements))
     return run.log_files_model([*files, package.root / MANIFEST],
                                {"backend": backend.id, "backend_version": backend.version(),
                                 "pip_requirements": list(flavour.pip_requirements)})
