@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from release.core.errors import ConfigError
 from release.core.model_name import bad_model_name
@@ -40,40 +40,44 @@ class ConvertConfig(Strict):
     # Precisions, backends and providers are whatever the installed backends offer (release/backends/):
     # checked here, at config time, against them, so there is one source for each choice. Besides these
     # fields, `convert.<backend id>` is that backend's own block, checked against its `settings_model`.
-    model_config = ConfigDict(extra="allow", frozen=True)
-
     precision: str = Field("int4", description="serving precision, one an installed backend builds (relctl backends)")
     backend: str = Field("auto", description="serving engine: auto (the first installed backend that supports the "
                                              "checkpoint's family) or a backend id (relctl backends)")
     execution_provider: str = Field("cpu", description="the device the model is built for (cpu, cuda, ...)")
     fp16_overflow: Literal["refuse", "warn"] = Field(
         "refuse", description="a weight above 65504 becomes Inf at fp16: refuse the release (exit 2) or warn")
+    _engines: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _engine_blocks(self) -> ConvertConfig:
-        """Each extra key is an installed backend's id with a settings model, its block valid against it."""
-        from release.backends import available_backends  # noqa: PLC0415 - entry points, only when validated
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_blocks(cls, data: Any, handler: Any) -> Any:
+        """`convert.<id>` of an installed backend with a settings model is that backend's block, validated by
+        it; every other key is checked as usual (an unknown one is refused with a did-you-mean hint)."""
+        blocks: dict[str, Any] = {}
+        takes: dict[str, type[BaseModel]] = {}
+        if isinstance(data, dict):
+            from release.backends import available_backends  # noqa: PLC0415 - entry points, only when validated
 
-        backends = available_backends()
-        for key, block in (self.model_extra or {}).items():
-            backend = backends.get(key)
-            if backend is None or backend.settings_model is None:
-                takes = [b for b, found in backends.items() if found.settings_model is not None]
-                close = difflib.get_close_matches(key, [*ConvertConfig.model_fields, *takes], n=1)
-                raise ValueError(f"unknown key '{key}'" + (f" (did you mean '{close[0]}'?)" if close else "")
-                                 + f"; convert.<backend id> blocks: {', '.join(takes) or 'none'}")
+            takes = {b.id: b.settings_model for b in available_backends().values() if b.settings_model is not None}
+            blocks = {key: data[key] for key in data if key in takes}
+            data = {key: value for key, value in data.items() if key not in takes}
+        config = handler(data)
+        for key, block in blocks.items():
             try:
-                self.model_extra[key] = backend.settings_model.model_validate(block or {})  # type: ignore[index]
+                config._engines[key] = takes[key].model_validate(block or {})
             except ValidationError as exc:
-                error = exc.errors()[0]
-                where = ".".join(str(part) for part in error["loc"])
-                raise ValueError(f"{key}.{where}: {error['msg']}") from exc
-        return self
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"{key}.{where}: {first['msg']}") from exc
+        return config
 
     def engine_settings(self, backend_id: str) -> BaseModel | None:
         """The validated `convert.<backend_id>` block, or None when release.yaml has none."""
-        block = (self.model_extra or {}).get(backend_id)
-        return block if isinstance(block, BaseModel) else None
+        return self._engines.get(backend_id)
+
+    def engines(self) -> dict[str, BaseModel]:
+        """Every `convert.<backend id>` block release.yaml gives, validated."""
+        return dict(self._engines)
 
     @field_validator("precision")
     @classmethod
@@ -228,15 +232,12 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         config = ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
-    if config.convert.model_extra:
+    for backend_id, settings in config.convert.engines().items():
         # Each backend applies its own block now, before anything slow (e.g. an engine's python, handed to
         # the engine processes relctl starts).
         from release.backends import get_backend  # noqa: PLC0415 - entry points, only when configured
 
-        for backend_id in config.convert.model_extra:
-            settings = config.convert.engine_settings(backend_id)
-            if settings is not None:
-                get_backend(backend_id).configure(settings, path.parent if path else Path.cwd(), label)
+        get_backend(backend_id).configure(settings, path.parent if path else Path.cwd(), label)
     return config
 
 

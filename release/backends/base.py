@@ -242,22 +242,25 @@ class Deploy:
     image: str                       # the serving image the manifest runs
     dockerfile: str                  # the template it is built from (release/templates/)
     requirements: tuple[str, ...]    # what that image installs beside relctl
+    kserve_template: str = "kserve-inferenceservice.yaml"  # its InferenceService (relctl init, render kserve)
 
 
 @dataclass(frozen=True)
 class Deployment:
-    """How one released package runs in a KServe InferenceService, as its backend decides from the package's
-    own small config files (`deploy_files`) and the memory figures its release recorded."""
+    """How one released package runs in a KServe InferenceService on one device, as its backend decides from
+    the package's own small config files (`deploy_files`) and the memory figures its release recorded."""
 
     validated_device: str                # the device it was built and validated for: "cpu", "cuda", "unknown"
     template: str                        # the InferenceService template (release/templates/)
-    engine_image: str | None = None      # None: relctl serve's image runs it; else the engine's own image
+    runs_on: tuple[str, ...] = ("cpu", "cuda")  # devices it can run on at all (validated or not)
+    own_engine: bool = False             # the engine's own image runs the container (not relctl serve's)
+    engine_image: str | None = None      # that image's default for this device (None: the user names one)
     args: tuple[str, ...] = ()           # added to the container's args (unless the template sets them)
     env: dict[str, str] = field(default_factory=dict)  # added to the container's environment
     memory_bytes: int | None = None      # request and limit per replica: the plan plus measured overhead
     init_verifies: bool = False          # an init container verifies the package before the engine starts
                                          # (a ModelCar's files are then out of its reach)
-    notes: tuple[str, ...] = ()
+    why_not: str = ""                    # why it cannot run on a device outside `runs_on`, in words
 
 
 class PlanCheck(Protocol):
@@ -281,6 +284,7 @@ class Backend(ABC):
     """One serving engine. Subclasses set the class attributes and implement the abstract methods."""
 
     id: ClassVar[str]
+    display_name: ClassVar[str] = ""   # what a model card calls its packages (default: the id)
     # The distribution whose version is recorded in a package's manifest (what built and serves it).
     distribution: ClassVar[str]
     precisions: ClassVar[tuple[str, ...]]
@@ -432,10 +436,12 @@ class Backend(ABC):
     @abstractmethod
     def deploy(self) -> Deploy: ...
 
-    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float]) -> Deployment:
-        """How a package of this backend runs in KServe, from its `deploy_files` (as read from the released
-        package, by path) and the `memory.*` figures its release recorded (without the prefix). Default: relctl
-        serve's image, on the device the package records as unknown (nothing refused), memory from the plan."""
+    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float],
+                   device: str | None = None) -> Deployment:
+        """How a package of this backend runs in KServe on `device` ("cpu", "cuda"; None: the one it was
+        validated on), from its `deploy_files` (as read from the released package, by path) and the `memory.*`
+        figures its release recorded (without the prefix). Default: relctl serve's image, validated device
+        unknown (nothing refused), memory from the plan."""
         per_replica = memory.get("per_replica_bytes")
         return Deployment(validated_device="unknown", template="kserve-inferenceservice.yaml",
                           memory_bytes=int(per_replica) if per_replica else None)
@@ -444,7 +450,8 @@ class Backend(ABC):
         """One line for `relctl backends` and refusals: id, the precisions per provider, families."""
         offered = "; ".join(f"{', '.join(self.precisions_for(p))} on {p}" for p in self.execution_providers
                             if self.precisions_for(p))
-        return f"{self.id} {self.version()}: {offered}; {self.families or 'see its documentation'}"
+        options = f"; plan options: {', '.join(self.plan_settings.model_fields)}" if self.plan_settings else ""
+        return f"{self.id} {self.version()}: {offered}; {self.families or 'see its documentation'}{options}"
 
 
 def precision_choices(backends: Sequence[Backend]) -> list[str]:

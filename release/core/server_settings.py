@@ -33,11 +33,12 @@ class ServerSettings(BaseModel):
     workers: int = Field(default=2, ge=1, le=64, description="generations running at once on the thread-pool path "
                          "(one generator each); with batching, the threads that serve seeded requests")
     batching: Literal["auto", "on", "off"] = Field(
-        default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
-        "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")
+        default="auto", description="batch requests through the engine's own batching (its runner's "
+        "BatchEngine): auto (when the model supports it, else the thread pool), on (refuse to start without "
+        "it) or off (thread pool only)")
     max_batch_size: int = Field(default=8, ge=1, le=256, description="requests the batching engine runs at "
-                                "once, at most what its scheduler steps together (4 in onnxruntime-genai 0.18's "
-                                "static scheduler; /health reports the width in use)")
+                                "once, at most what its scheduler steps together (the runner caps it; /health "
+                                "reports the width in use)")
     batch_gather_ms: float = Field(default=5.0, ge=0, le=1000, description="when a batch ends while requests "
                                    "wait, how long to wait for more before the next one starts")
     intra_op_threads: int | None = Field(

@@ -48,8 +48,7 @@ def _engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _options_help() -> str:
-    return ("An option of the engine's own plan, KEY=VALUE (repeatable); vLLM's: gpu_memory_utilization, "
-            "max_num_batched_tokens, max_num_seqs, block_size, kv_cache_gib. `relctl backends` lists engines.")
+    return "An option of the engine's own plan, KEY=VALUE (repeatable); `relctl backends` lists each engine's."
 
 
 @click.command("plan")

@@ -1,7 +1,7 @@
 """The model behind the server: a backend's runner (release/backends/), admission control in front of it,
 and two ways to generate:
 
-- batched: the runner's batching engine (onnxruntime-genai's `og.Engine` on one driver thread), up to
+- batched: the runner's batching engine (a `BatchEngine`: the engine's own continuous batching), up to
   `max_batch_size` requests per model step;
 - a fixed pool of generator threads running the runner's token loop (batching off, models the batching
   engine cannot serve, and requests with a `seed`, which a static batch cannot honour per request).

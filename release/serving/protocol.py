@@ -48,14 +48,15 @@ class SamplingFields(_Schema):
     max_tokens: int | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    # onnxruntime-genai takes both as 32-bit signed integers; top_k is also capped by the vocabulary.
+    # engines take both as 32-bit signed integers; top_k is also capped by the vocabulary.
     top_k: int = Field(default=0, ge=0, le=INT32_MAX)
     seed: int | None = Field(default=None, ge=0, le=INT32_MAX)
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    # vLLM's extension: generate exactly max_tokens, as load tests need controlled output lengths.
+    # the ignore_eos extension of OpenAI-compatible engine servers: generate exactly max_tokens, as load tests
+    # need controlled output lengths.
     ignore_eos: bool = False
 
 

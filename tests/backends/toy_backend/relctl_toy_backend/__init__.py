@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 
 from release.backends.base import Backend, Deploy, ExportResult, Generation, MemoryFacts, Support
+from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.package_facts import read_package
 from release.backends.planning import MIB, EnginePlan, Target, hidden_activation_bytes, sized_per_load_plan
 from release.backends.shape import shape_from_config
 from release.core.errors import InputError
-from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.core.server_settings import ServerSettings
 
 FAMILIES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
