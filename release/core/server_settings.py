@@ -42,8 +42,9 @@ class ServerSettings(BaseModel):
     batch_gather_ms: float = Field(default=5.0, ge=0, le=1000, description="when a batch ends while requests "
                                    "wait, how long to wait for more before the next one starts")
     intra_op_threads: int | None = Field(
-        default=None, ge=1, le=256, description="ONNX Runtime threads per model step; default: ONNX Runtime's "
-        "(one per core, spinning between steps, which starves the server's own threads on a small machine)")
+        default=None, ge=1, le=256, description="the in-process engine's threads per model step; default: "
+        "the engine's own (often one per core, spinning between steps, which starves the server's own "
+        "threads on a small machine)")
     queue_size: int = Field(default=16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
     max_prompt_tokens: int = Field(default=1024, ge=1, description="longer prompts are refused with 400")
     max_output_tokens: int = Field(default=512, ge=1, description="max_tokens above this is refused with 400")

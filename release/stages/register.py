@@ -2,7 +2,7 @@
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
 verify and load); the MLflow model is logged in the flavour the package's backend names (for
-a backend with its own MLflow flavour (e.g. mlflow.onnx) with a named TensorSpec signature and explicit pip
+a backend with its own MLflow flavour (`Backend.flavour_model`) with a named TensorSpec signature and explicit pip
 requirements, so the
 version also loads with mlflow.pyfunc; otherwise the runtime files with a `relctl` flavour).
 
