@@ -24,7 +24,7 @@ class MemoryConfig(BaseModel):
     memory_gib: float | None = Field(default=None, gt=0, description="device memory, instead of a GPU name")
     gpus: int = Field(default=1, ge=1, description="devices per replica")
     concurrency: int = Field(default=8, ge=1, description="concurrent sequences per replica")
-    context: int = Field(default=512, ge=1, description="context tokens per sequence (what each KV cache is planned for)")
+    context: int = Field(default=512, ge=1, description="context tokens per sequence (each KV cache is planned for)")
     kv_dtype: str | None = Field(default=None, description="KV cache dtype; default: the package's own")
     prefill_tokens: int | None = Field(default=None, ge=1, description="prompt tokens per sequence; default: context")
     provider: Provider | None = Field(default=None, description="default: cuda for a GPU, else the package's own")
