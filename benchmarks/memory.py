@@ -35,10 +35,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from release.backends.onnxruntime_genai.plan import ModelSpec, breakdown
+from release.backends.package_facts import read_package
+from release.backends.planning import Target
+from release.backends.shape import Precision, builder_weights_bytes, parameter_count, shape_from_config
 from release.memory.measure import measure_run
-from release.memory.package import read_package
-from release.memory.plan import ModelSpec, Target, breakdown
-from release.memory.shape import Precision, builder_weights_bytes, parameter_count, shape_from_config
 
 RESULTS = Path(__file__).parent / "results" / "memory.json"
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "memory" / "fixtures"

@@ -1,3 +1,3 @@
-"""relctl: turn an MLflow training run into a gated, rollback-able ONNX serving version."""
+"""relctl: turn an MLflow training run into a gated, rollback-able serving version."""
 
 __version__ = "0.1.0"

@@ -357,6 +357,8 @@ def backends(as_json: bool) -> None:
         click.echo(f"warning: backend '{name}' is installed but does not load: {why}", err=True)
     data = [{"id": b.id, "version": b.version(), "precisions": list(b.precisions),
              "execution_providers": list(b.execution_providers), "families": b.families,
+             "precisions_by_provider": {p: list(b.precisions_for(p)) for p in b.execution_providers},
+             "plan_options": list(b.plan_settings.model_fields) if b.plan_settings else [],
              "runtime_files": list(b.runtime_files),
              "deploy": {"image": b.deploy().image, "dockerfile": b.deploy().dockerfile,
                         "requirements": list(b.deploy().requirements)}} for b in found.values()]

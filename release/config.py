@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from release.core.errors import ConfigError
 from release.core.model_name import bad_model_name
@@ -19,7 +19,9 @@ from release.core.server_settings import ServerSettings
 CONFIG_FILE = "release.yaml"
 # Keys that were replaced: the message says by what, instead of a did-you-mean guess.
 RENAMED = {"convert.exporter": "use convert.backend: auto, or a backend id (relctl backends lists them); the "
-                               "torch exporter was removed: it built models nothing served"}
+                               "torch exporter was removed: it built models nothing served",
+           "serving.workspace_fraction": "remove it: each engine's memory plan computes its own activations "
+                                         "(relctl plan shows them)"}
 
 
 class Strict(BaseModel):
@@ -34,21 +36,48 @@ class MergeConfig(Strict):
     enabled: bool = Field(True, description="fold a PEFT adapter found in the checkpoint into the base")
 
 
-class VllmConfig(Strict):
-    python: str | None = Field(None, description="vLLM's environment's python (relative to this file's folder); "
-                                                 "RELCTL_VLLM_PYTHON overrides it; default: .venv-vllm")
-
-
 class ConvertConfig(Strict):
     # Precisions, backends and providers are whatever the installed backends offer (release/backends/):
-    # checked here, at config time, against them, so there is one source for each choice.
+    # checked here, at config time, against them, so there is one source for each choice. Besides these
+    # fields, `convert.<backend id>` is that backend's own block, checked against its `settings_model`.
     precision: str = Field("int4", description="serving precision, one an installed backend builds (relctl backends)")
     backend: str = Field("auto", description="serving engine: auto (the first installed backend that supports the "
                                              "checkpoint's family) or a backend id (relctl backends)")
     execution_provider: str = Field("cpu", description="the device the model is built for (cpu, cuda, ...)")
     fp16_overflow: Literal["refuse", "warn"] = Field(
         "refuse", description="a weight above 65504 becomes Inf at fp16: refuse the release (exit 2) or warn")
-    vllm: VllmConfig = Field(default_factory=VllmConfig, description="the vllm backend's engine environment")
+    _engines: dict[str, BaseModel] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_blocks(cls, data: Any, handler: Any) -> Any:
+        """`convert.<id>` of an installed backend with a settings model is that backend's block, validated by
+        it; every other key is checked as usual (an unknown one is refused with a did-you-mean hint)."""
+        blocks: dict[str, Any] = {}
+        takes: dict[str, type[BaseModel]] = {}
+        if isinstance(data, dict):
+            from release.backends import available_backends  # noqa: PLC0415 - entry points, only when validated
+
+            takes = {b.id: b.settings_model for b in available_backends().values() if b.settings_model is not None}
+            blocks = {key: data[key] for key in data if key in takes}
+            data = {key: value for key, value in data.items() if key not in takes}
+        config = handler(data)
+        for key, block in blocks.items():
+            try:
+                config._engines[key] = takes[key].model_validate(block or {})
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"{key}.{where}: {first['msg']}") from exc
+        return config
+
+    def engine_settings(self, backend_id: str) -> BaseModel | None:
+        """The validated `convert.<backend_id>` block, or None when release.yaml has none."""
+        return self._engines.get(backend_id)
+
+    def engines(self) -> dict[str, BaseModel]:
+        """Every `convert.<backend id>` block release.yaml gives, validated."""
+        return dict(self._engines)
 
     @field_validator("precision")
     @classmethod
@@ -95,7 +124,6 @@ class ServingConfig(Strict):
     concurrency: int = Field(8, ge=1, description="concurrent sequences per replica")
     context_tokens: int = Field(512, ge=1, description="prompt + output tokens per sequence")
     gpu_memory_gib: float = Field(24.0, gt=0, description="memory of one accelerator (or host RAM on CPU)")
-    workspace_fraction: float = Field(0.10, ge=0, le=1, description="activation/workspace share of weights+KV")
     rollout_replicas: int = Field(2, ge=1, description="replicas side by side during a rolling update")
     server: ServerSettings = Field(default_factory=ServerSettings, description="relctl serve: limits, queue, logs")
 
@@ -204,11 +232,12 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         config = ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
-    if config.convert.vllm.python is not None:
-        # Checked here, before anything slow, and handed to the engines relctl starts (children too).
-        from release.backends.vllm.engine import configure_python  # noqa: PLC0415 - only when configured
+    for backend_id, settings in config.convert.engines().items():
+        # Each backend applies its own block now, before anything slow (e.g. an engine's python, handed to
+        # the engine processes relctl starts).
+        from release.backends import get_backend  # noqa: PLC0415 - entry points, only when configured
 
-        configure_python(config.convert.vllm.python, path.parent if path else Path.cwd(), label)
+        get_backend(backend_id).configure(settings, path.parent if path else Path.cwd(), label)
     return config
 
 

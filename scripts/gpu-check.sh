@@ -8,7 +8,7 @@
 #   bash scripts/gpu-check.sh > gpu.json      # progress on stderr, the JSON alone on stdout
 #
 # The CPU builds of ONNX Runtime and genai (relctl's default dependencies) are not installed here: the
-# venv holds only onnxruntime-gpu and onnxruntime-genai-cuda (release.memory.gpu_env refuses a mix).
+# venv holds only onnxruntime-gpu and onnxruntime-genai-cuda (release.backends.onnxruntime_genai.gpu_env refuses a mix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RELCTL_GPU_VENV:-/tmp/relctl-gpu-venv}
@@ -29,7 +29,7 @@ PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
   "rich>=13" "matplotlib>=3.8" "tokenizers>=0.20" "safetensors>=0.4" "torch>=2.4" "transformers>=4.45" >&2
 "${PIP[@]}" --no-deps -e . >&2
 PY="$VENV/bin/python"
-"$PY" -m release.memory.gpu_env >&2
+"$PY" -m release.backends.onnxruntime_genai.gpu_env >&2
 
 log "building a random Llama (hidden 512, 8 layers) for cuda at fp16 and int4"
 "$PY" - "$WORK" <<'PYEOF' >&2
@@ -49,9 +49,10 @@ timeout 200 "$PY" - "$WORK" <<'PYEOF'
 import json, sys
 from pathlib import Path
 from release.memory.measure import measure_run
-from release.memory.package import read_package
-from release.memory.plan import ModelSpec, Target, breakdown
-from release.memory.shape import shape_from_config
+from release.backends.package_facts import read_package
+from release.backends.onnxruntime_genai.plan import ModelSpec, breakdown
+from release.backends.planning import Target
+from release.backends.shape import shape_from_config
 
 rows = []
 for precision in ("fp16", "int4"):

@@ -127,7 +127,8 @@ def choose_backend(config: dict[str, Any], requested: str, precision: str, execu
         if not support.supported:
             reasons.append(f"{backend.id}: {support.reason}")
             continue
-        problem = backend.target_problem(precision, execution_provider)
+        problem = backend.target_problem(precision, execution_provider) or \
+            backend.device_problem(config, precision, execution_provider)
         if problem is not None:
             reasons.append(f"{backend.id}: {problem}")
             continue

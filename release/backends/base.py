@@ -5,8 +5,11 @@ that folder to validate it (`load`: encode, logits, greedy generate), serves it 
 own server, or `server_command` for an engine that is its own server process), and tells the rest of
 relctl what it needs: which families and precisions it takes (`supports`, `precisions`), the files a
 package must hold (`runtime_files`), the facts the memory plan reads (`memory_facts`), how the registry
-logs it (`flavour`) and what a deployment runs (`deploy`). The pipeline, the gates, the server and the
-registry see only this contract and the package manifest's `backend` entry, never an engine's files.
+logs it (`flavour`, `flavour_model`), its memory plan (`plan`: one `EnginePlan` per engine, read by the memory gate,
+promote's memory stage and `relctl plan`), what a deployment runs (`deploy`, `deployment`: the device it was
+validated on, image, args, env, memory) and its own `convert.<id>` settings (`settings_model`, checked at
+config time). The pipeline, the gates, the server, the registry and deploy see only this contract and the
+package manifest's `backend` entry, never an engine's files.
 
 A backend is found through the `relctl.backends` entry-point group, built-ins included: a new engine is one
 package with a `Backend` subclass and one entry point (see release/backends/__init__.py).
@@ -19,14 +22,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
+from pydantic import BaseModel
 
-if TYPE_CHECKING:  # the server's types; a backend module must import without starting anything
+from release.backends.planning import EnginePlan, Target
+
+if TYPE_CHECKING:  # a backend module must import without starting anything
+    from release.backends.jobs import Job, ModelLimits
     from release.core.server_settings import ServerSettings
-    from release.serving.jobs import Job
-    from release.serving.protocol import ModelLimits
 
 
 @dataclass(frozen=True)
@@ -104,14 +109,56 @@ class BatchProbe(Protocol):
     def close(self) -> None: ...
 
 
+class BatchStats(Protocol):
+    """A batching engine's counters, as relctl's server reports them (/health, metrics, its queue estimate)."""
+
+    @property
+    def steps(self) -> int: ...             # decode steps run
+
+    @property
+    def resident(self) -> int: ...          # sequences in the batch now
+
+    @property
+    def batched_tokens(self) -> int: ...    # tokens generated in batched steps
+
+    @property
+    def widest(self) -> int: ...            # the most tokens one step produced
+
+    @property
+    def services(self) -> Sequence[float]: ...  # recent requests' service times (s), for the queue estimate
+
+
+class BatchEngine(Protocol):
+    """An engine that batches admitted jobs itself (continuous batching); relctl's server admits up to
+    `max_batch_size` jobs and submits them, instead of running each on a pool thread."""
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @property
+    def healthy(self) -> bool: ...          # False after a failed step: later jobs go to the thread pool
+
+    @property
+    def stats(self) -> BatchStats: ...
+
+    def submit(self, job: Job) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Runner(Protocol):
     """What relctl's own server drives: a loaded model's tokenizer and token loop. Admission, queueing,
-    timeouts, stop strings and the HTTP protocol stay in release/serving and are the same for every backend."""
+    timeouts, stop strings and the HTTP protocol stay in release/serving and are the same for every backend.
+    Its types (Job, ModelLimits, StopMatcher, ...) are release/backends/jobs.py: a plug-in imports nothing
+    from release.serving."""
 
     limits: ModelLimits
     eos_ids: frozenset[int]
-    batch: Any            # a batching engine with submit/close/stats, or None (the thread pool serves)
     batching_note: str
+
+    @property
+    def batch(self) -> BatchEngine | None:
+        """The engine's own batching, or None: relctl's thread pool runs `decode_loop`, `workers` at once."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -158,12 +205,34 @@ class EngineMemory:
 
 @dataclass(frozen=True)
 class Flavour:
-    """How register logs the model for MLflow. `onnx`: an MLflow ONNX model (`model_file` is the graph);
-    `files`: the runtime files as artifacts of an MLflow model with this backend's metadata."""
+    """How register logs the model for MLflow: `kind` names an MLflow flavour (logged from the object
+    `Backend.flavour_model` builds), or "files": the runtime files as artifacts of an MLflow model with this
+    backend's metadata. `model_file` names the file the flavour loads, where it has one."""
 
-    kind: Literal["onnx", "files"]
+    kind: str
     model_file: str = ""
     pip_requirements: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One input or output of a flavour's model signature: name, numpy dtype name, shape (-1: any size)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FlavourModel:
+    """A model object for MLflow's own flavour `Flavour.kind` (the registry calls `mlflow.<kind>.log_model`
+    with it as the first argument): the backend builds it, so the registry knows no engine's file format."""
+
+    model: Any
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    side_files: tuple[Path, ...] = ()       # model artifacts copied as they are (e.g. external weight data)
+    log_options: dict[str, Any] = field(default_factory=dict)  # further keyword arguments of log_model
 
 
 @dataclass(frozen=True)
@@ -173,6 +242,35 @@ class Deploy:
     image: str                       # the serving image the manifest runs
     dockerfile: str                  # the template it is built from (release/templates/)
     requirements: tuple[str, ...]    # what that image installs beside relctl
+    kserve_template: str = "kserve-inferenceservice.yaml"  # its InferenceService (relctl init, render kserve)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How one released package runs in a KServe InferenceService on one device, as its backend decides from
+    the package's own small config files (`deploy_files`) and the memory figures its release recorded."""
+
+    validated_device: str                # the device it was built and validated for: "cpu", "cuda", "unknown"
+    template: str                        # the InferenceService template (release/templates/)
+    runs_on: tuple[str, ...] = ("cpu", "cuda")  # devices it can run on at all (validated or not)
+    own_engine: bool = False             # the engine's own image runs the container (not relctl serve's)
+    engine_image: str | None = None      # that image's default for this device (None: the user names one)
+    args: tuple[str, ...] = ()           # added to the container's args (unless the template sets them)
+    env: dict[str, str] = field(default_factory=dict)  # added to the container's environment
+    memory_bytes: int | None = None      # request and limit per replica: the plan plus measured overhead
+    init_verifies: bool = False          # an init container verifies the package before the engine starts
+                                         # (a ModelCar's files are then out of its reach)
+    why_not: str = ""                    # why it cannot run on a device outside `runs_on`, in words
+
+
+class PlanCheck(Protocol):
+    """A judged number of a plan (the memory gate records it): what was measured against what bound."""
+
+    name: str
+    value: float
+    op: str
+    bound: float
+    passed: bool
 
 
 @dataclass(frozen=True)
@@ -186,6 +284,7 @@ class Backend(ABC):
     """One serving engine. Subclasses set the class attributes and implement the abstract methods."""
 
     id: ClassVar[str]
+    display_name: ClassVar[str] = ""   # what a model card calls its packages (default: the id)
     # The distribution whose version is recorded in a package's manifest (what built and serves it).
     distribution: ClassVar[str]
     precisions: ClassVar[tuple[str, ...]]
@@ -194,6 +293,20 @@ class Backend(ABC):
     runtime_files: ClassVar[tuple[str, ...]]
     # Words for `relctl backends` and refusals: which families it takes.
     families: ClassVar[str] = ""
+    # The package files (relative to the package root, JSON) a deployment is decided from; fetched and
+    # verified against the manifest by `relctl render kserve` without downloading the weights.
+    deploy_files: ClassVar[tuple[str, ...]] = ()
+    # The `convert.<id>` block of release.yaml, checked at config time (None: the backend takes no settings).
+    settings_model: ClassVar[type[BaseModel] | None] = None
+    # The engine's own options of its memory plan (`gates.memory.engine.<id>`, `relctl plan --engine-option`),
+    # checked at config time (None: it takes none).
+    plan_settings: ClassVar[type[BaseModel] | None] = None
+    # Whether a rolling update's new replica shares the old one's devices by default (relctl serve reloads
+    # in place), or starts on its own devices (a surge: an engine that takes a device share up front).
+    rollout_shares_devices: ClassVar[bool] = True
+    # Whether the memory gate may time this engine's cold start by loading the folder in fresh relctl
+    # processes (`load`); an engine that is its own server reports its start time through `plan` instead.
+    cold_start_in_process: ClassVar[bool] = True
     # Whether validation's reference is the merged checkpoint itself (`load_reference(checkpoint)`, computed
     # once by the reference stage) rather than an fp32 build of this backend (`load_reference(build)`).
     reference_from_checkpoint: ClassVar[bool] = False
@@ -203,8 +316,18 @@ class Backend(ABC):
     def supports(self, config: dict[str, Any]) -> Support:
         """Whether this checkpoint's family/config can be exported and served, from config.json alone."""
 
-    def target_problem(self, precision: str, execution_provider: str) -> str | None:
-        """Why this precision on this provider cannot be built, or None. Default: any listed pair works."""
+    def precisions_for(self, execution_provider: str) -> tuple[str, ...]:
+        """The precisions this backend builds for `execution_provider` (what `relctl backends` lists)."""
+        return tuple(p for p in self.precisions if self.target_problem(p, execution_provider, check_env=False) is None)
+
+    def device_problem(self, config: dict[str, Any], precision: str, execution_provider: str) -> str | None:
+        """Why this checkpoint cannot be served at `precision` on `execution_provider` although the family is
+        supported (a device-specific rule such as an attention kernel's head sizes), or None."""
+        return None
+
+    def target_problem(self, precision: str, execution_provider: str, check_env: bool = True) -> str | None:
+        """Why this precision on this provider cannot be built, or None. Default: any listed pair works.
+        `check_env`: also whether this machine can build it (an engine's environment is installed)."""
         if precision not in self.precisions:
             return f"precision {precision} is not one of {', '.join(self.precisions)}"
         if execution_provider not in self.execution_providers:
@@ -245,6 +368,41 @@ class Backend(ABC):
     @abstractmethod
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts: ...
 
+    @abstractmethod
+    def plan(self, source: Path, target: Target, precision: str | None = None,
+             settings: dict[str, Any] | None = None, measure: bool = False,
+             overlap_bytes: int | None = None) -> EnginePlan:
+        """This engine's memory plan of `source` (a package folder, or a Hugging Face config.json planned
+        before anything is built) on `target`. `settings`: the engine's own plan options (`plan_settings`;
+        InputError naming an unknown one). `measure`: where the engine runs here as planned, check the plan
+        against what the running engine reports (the checks go into the plan's `checks`). `overlap_bytes`:
+        the replica being replaced when `target.rollout_overlap` (None: one like this)."""
+
+    def plot_plan(self, plan: EnginePlan, out: Path) -> Path | None:
+        """Draw the plan (memory against concurrency) to `out` (PNG); None: this engine draws none."""
+        return None
+
+    def plan_lines(self, plan: EnginePlan) -> list[str]:
+        """The plan as `relctl plan` prints it: its figures, then the verdict. Default: the contract's figures."""
+        t = plan.target
+        rows = [("weights", plan.weights_bytes), ("KV cache", plan.kv_cache_bytes),
+                ("activations", plan.activations_bytes), ("overhead", plan.overhead_bytes),
+                ("one replica", plan.per_replica_bytes), ("peak", plan.peak_bytes), ("budget", plan.budget_bytes),
+                ("capacity", plan.capacity_bytes)]
+        lines = [f"{self.id}: {plan.precision}, {t.concurrency} x {t.context:,} tokens on {t.gpus} x "
+                 f"{t.gpu_name or f'{t.memory_gib:g} GiB'}; KV {plan.kv_bytes_per_token:,} bytes/token"]
+        lines += [f"  {label:16s}{value / 1024**3:9.3f} GiB" for label, value in rows]
+        return [*lines, ("✓ " if plan.fits else "✗ ") + plan.summary]
+
+    def check_environment(self, model_dir: Path | None = None, device: str = "cpu") -> None:  # noqa: B027
+        """InputError when this machine's environment would measure the wrong engine (two builds of a runtime
+        installed over each other; `device` asked for but a session would silently run elsewhere); called
+        before timing or measuring. Default: nothing to check."""
+
+    def configure(self, settings: BaseModel, base_dir: Path, label: str) -> None:  # noqa: B027 - optional hook
+        """Apply the validated `convert.<id>` block (paths relative to release.yaml's folder `base_dir`).
+        Called once per load of release.yaml; default: nothing to apply."""
+
     def engine_memory(self, model_dir: Path) -> EngineMemory | None:
         """What the engine reports about its memory serving `model_dir` (starting it if need be); None: this
         engine reports nothing the plan can be checked against (onnxruntime-genai is measured instead)."""
@@ -276,13 +434,30 @@ class Backend(ABC):
     def flavour(self) -> Flavour:
         return Flavour("files")
 
+    def flavour_model(self, model_dir: Path) -> FlavourModel | None:
+        """The model object MLflow's `flavour().kind` flavour logs (None for kind "files": the registry logs
+        the runtime files under relctl's own flavour). Must not load the weights: registering costs a copy."""
+        return None
+
     @abstractmethod
     def deploy(self) -> Deploy: ...
 
+    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float],
+                   device: str | None = None) -> Deployment:
+        """How a package of this backend runs in KServe on `device` ("cpu", "cuda"; None: the one it was
+        validated on), from its `deploy_files` (as read from the released package, by path) and the `memory.*`
+        figures its release recorded (without the prefix). Default: relctl serve's image, validated device
+        unknown (nothing refused), memory from the plan."""
+        per_replica = memory.get("per_replica_bytes")
+        return Deployment(validated_device="unknown", template="kserve-inferenceservice.yaml",
+                          memory_bytes=int(per_replica) if per_replica else None)
+
     def describe(self) -> str:
-        """One line for `relctl backends` and refusals: id, precisions, providers, families."""
-        return (f"{self.id} {self.version()}: precisions {', '.join(self.precisions)} on "
-                f"{', '.join(self.execution_providers)}; {self.families or 'see its documentation'}")
+        """One line for `relctl backends` and refusals: id, the precisions per provider, families."""
+        offered = "; ".join(f"{', '.join(self.precisions_for(p))} on {p}" for p in self.execution_providers
+                            if self.precisions_for(p))
+        options = f"; plan options: {', '.join(self.plan_settings.model_fields)}" if self.plan_settings else ""
+        return f"{self.id} {self.version()}: {offered}; {self.families or 'see its documentation'}{options}"
 
 
 def precision_choices(backends: Sequence[Backend]) -> list[str]:

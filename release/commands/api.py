@@ -280,7 +280,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "training_run": tags.get(T.TRAINING_RUN),
             "git_commit": tags.get(T.GIT_COMMIT),
             "precision": tags.get(T.PRECISION),
-            # Versions released before backends were named were all onnxruntime-genai packages.
+            # Versions released before backends were named were all LEGACY_BACKEND packages.
             "backend": tags.get(T.BACKEND, LEGACY_BACKEND),
             "serving_config_hash": tags.get(T.SERVING_CONFIG_HASH),
             "data": {k: v for k, v in lineage.items() if k.startswith(T.DATA_PREFIX)},

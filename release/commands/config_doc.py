@@ -47,8 +47,25 @@ def release_yaml_text(gates: dict[str, type[BaseModel]] | None = None) -> str:
             lines += _gates_lines(field, gates)
         else:
             lines += _field_lines(name, field, defaults, 0)
+        if name == "convert":
+            lines += _engine_block_lines()
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _engine_block_lines() -> list[str]:
+    """Each installed backend's own `convert.<id>` block (its `settings_model`), commented out."""
+    from release.backends import available_backends  # noqa: PLC0415 - entry points, only when writing the file
+
+    lines: list[str] = []
+    for backend in available_backends().values():
+        model = backend.settings_model
+        if model is None:
+            continue
+        block = [f"# the {backend.id} backend's own settings, checked when the file is read", f"{backend.id}:",
+                 *_model_lines(model, model(), 1)]
+        lines += [f"  #   {line}" for line in block]
+    return lines
 
 
 def ordered_gate_ids(gate_ids: list[str]) -> list[str]:

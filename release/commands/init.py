@@ -17,6 +17,8 @@ from pathlib import Path
 from release.core.errors import InputError
 from release.core.templates import template_text
 
+DEFAULT_KSERVE_TEMPLATE = "kserve-inferenceservice.yaml"  # relctl serve's; a backend may name its own
+
 GITIGNORE_LINE = ".relctl/"
 # The line of templates/github-promote.yml that `init` fills in when it knows where relctl came from.
 SOURCE_LINE = '  RELCTL_SOURCE: ""'
@@ -86,9 +88,11 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
     if target.exists() and not target.is_dir():
         raise InputError(f"{target}: not a folder", hint="pass a folder for the new project")
     texts = starter_texts(source)
-    if _configured_backend(target) == "vllm":
-        # A project whose release.yaml already chose vLLM gets its InferenceService, and keeps that release.yaml.
-        texts["deploy/kserve-vllm-inferenceservice.yaml"] = template_text("kserve-vllm-inferenceservice.yaml")
+    own = _configured_template(target)
+    if own is not None:
+        # A project whose release.yaml already chose an engine with its own InferenceService gets that
+        # template, and keeps that release.yaml.
+        texts[f"deploy/{own}"] = template_text(own)
         del texts["release.yaml"]
     existing = [rel for rel in texts if (target / rel).exists()]
     if existing and not force:
@@ -100,6 +104,15 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
         result.written.append(rel)
     result.gitignore = _ensure_gitignore(target / ".gitignore")
     return result
+
+
+def _configured_template(target: Path) -> str | None:
+    """The KServe template of the backend the release.yaml in `target` names, when it is not relctl serve's."""
+    from release.backends import available_backends  # noqa: PLC0415 - entry points, only for init
+
+    backend = available_backends().get(_configured_backend(target) or "")
+    template = backend.deploy().kserve_template if backend is not None else None
+    return template if template is not None and template != DEFAULT_KSERVE_TEMPLATE else None
 
 
 def _configured_backend(target: Path) -> str | None:

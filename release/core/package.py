@@ -45,7 +45,7 @@ MANIFEST = "relctl-package.json"
 SIGNATURE = "relctl-package.sig"
 PROVENANCE = "relctl-provenance.json"
 UNLISTED = frozenset({MANIFEST, SIGNATURE, PROVENANCE})
-FORMAT = 2   # 2: the manifest names its backend; format 1 packages were all onnxruntime-genai
+FORMAT = 2   # 2: the manifest names its backend; format 1 packages were all LEGACY_BACKEND's
 SOURCE_FILES = ("config.json", "generation_config.json")
 # Where a released package lives in its release run's artifacts (`runs:/<release run>/package`).
 PACKAGE_ARTIFACT = "package"
@@ -91,7 +91,7 @@ def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict
     """Copy the runtime model and source config into `out_dir` and write the manifest last.
 
     `fields` carries model_name, precision, lineage and serving (the serving config); the serving config
-    hash covers it together with the backend's own runtime config (genai_config.json for onnxruntime-genai).
+    hash covers it together with the backend's own runtime config (`Backend.runtime_config`).
     `backend`: the one that built `model_dir`. `link_model`: hard-link the model files where the file
     system allows (one copy on disk for a model relctl built itself; the manifest's digests still cover
     every byte, and the runner re-hashes a stage output before reusing it).

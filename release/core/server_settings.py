@@ -34,16 +34,18 @@ class ServerSettings(BaseModel):
                          "(one generator each); with batching, the threads that serve seeded requests; in front of an "
                          "engine that schedules itself (vLLM), at least as many as it runs at once (its max_num_seqs)")
     batching: Literal["auto", "on", "off"] = Field(
-        default="auto", description="batch requests through onnxruntime-genai's Engine: auto (when the model "
-        "supports it, else the thread pool), on (refuse to start without it) or off (thread pool only)")
+        default="auto", description="batch requests through the engine's own batching (its runner's "
+        "BatchEngine): auto (when the model supports it, else the thread pool), on (refuse to start without "
+        "it) or off (thread pool only)")
     max_batch_size: int = Field(default=8, ge=1, le=256, description="requests the batching engine runs at "
-                                "once, at most what its scheduler steps together (4 in onnxruntime-genai 0.18's "
-                                "static scheduler; /health reports the width in use)")
+                                "once, at most what its scheduler steps together (the runner caps it; /health "
+                                "reports the width in use)")
     batch_gather_ms: float = Field(default=5.0, ge=0, le=1000, description="when a batch ends while requests "
                                    "wait, how long to wait for more before the next one starts")
     intra_op_threads: int | None = Field(
-        default=None, ge=1, le=256, description="ONNX Runtime threads per model step; default: ONNX Runtime's "
-        "(one per core, spinning between steps, which starves the server's own threads on a small machine)")
+        default=None, ge=1, le=256, description="the in-process engine's threads per model step; default: "
+        "the engine's own (often one per core, spinning between steps, which starves the server's own "
+        "threads on a small machine)")
     queue_size: int = Field(default=16, ge=0, le=10_000, description="requests waiting for a worker; beyond: 429")
     max_prompt_tokens: int = Field(default=1024, ge=1, description="longer prompts are refused with 400")
     max_output_tokens: int = Field(default=512, ge=1, description="max_tokens above this is refused with 400")

@@ -33,7 +33,8 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
 @render_group.command("kserve")
 @click.argument("spec", metavar="MODEL/VERSION")
 @click.option("--image", required=True, help="relctl's image, built from templates/Dockerfile (or Dockerfile.cuda); "
-                                             "for a vLLM version it fetches and verifies the package first.")
+                                             "for an engine that is its own server it fetches and verifies the "
+                                             "package first.")
 @click.option("--mode", type=click.Choice(["serverless", "raw"]), default="serverless", show_default=True,
               help="KServe deployment mode: serverless (Knative; --canary-percent splits traffic) or raw "
                    "(RawDeployment: a Deployment, rolled out with a surge; no traffic split).")
@@ -48,12 +49,16 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
               help="Memory request and limit per replica [default: the version's memory plan per replica plus "
                    "the serving process's own].")
 @click.option("--gpus", type=click.IntRange(0), default=None,
-              help="GPUs per replica [default: 1 for a package built for CUDA or a vLLM package, else 0].")
+              help="GPUs per replica [default: 1 for a version validated on CUDA, else 0].")
+@click.option("--allow-unvalidated-device", is_flag=True,
+              help="Render for a device the version was not validated on (annotated relctl/unvalidated-device) "
+                   "[default: refused].")
 @click.option("--gpu-resource", default="nvidia.com/gpu", show_default=True, help="Extended resource name of a GPU.")
 @click.option("--node-selector", "node_selector", multiple=True, metavar="KEY=VALUE",
               help="Node labels the pods need (repeatable) [default on GPUs: nvidia.com/gpu.present=true].")
 @click.option("--engine-image", default=None,
-              help="vLLM versions: the engine's image [default: vllm/vllm-openai at relctl's vLLM version].")
+              help="An engine that is its own server: its image [default: the engine's own for the device, "
+                   "where it has one].")
 @click.option("--trusted-keys", default="relctl-trusted-keys", show_default=True,
               help="ConfigMap holding the release's public key (release.pub): relctl serve and the init "
                    "containers check the package's signature against it before anything loads.")
@@ -78,12 +83,13 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
 @handled
 def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None, namespace: str | None, secret: str,
                    canary_percent: int | None, cpu: str, memory_gib: float | None, gpus: int | None,
-                   gpu_resource: str, node_selector: tuple[str, ...], engine_image: str | None, trusted_keys: str,
+                   gpu_resource: str, allow_unvalidated_device: bool, node_selector: tuple[str, ...],
+                   engine_image: str | None, trusted_keys: str,
                    modelcar: bool, cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
                    template_path: Path | None, fmt: str, output: Path | None) -> None:
-    """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend, the device it was
-    built for, its memory plan and its OCI digest decide the manifest): a pinned version, so each new version is
-    a new KServe revision."""
+    """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend decides from the
+    package the device it was validated on, image, args and environment, its memory plan the memory, its OCI
+    digest the source): a pinned version, so each new version is a new KServe revision."""
     from release.deploy.facts import read_version_facts
     from release.deploy.kserve import (
         KServeOptions,
@@ -98,7 +104,8 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
     options = KServeOptions(image=image, name=name, namespace=namespace, secret=secret, mode=cast(Mode, mode),
                             canary_percent=canary_percent, cpu=cpu, memory_gib=memory_gib, gpus=gpus,
                             gpu_resource=gpu_resource, node_selector=_node_selector(node_selector),
-                            engine_image=engine_image, trusted_keys=trusted_keys, modelcar=modelcar,
+                            engine_image=engine_image, allow_unvalidated_device=allow_unvalidated_device,
+                            trusted_keys=trusted_keys, modelcar=modelcar,
                             cache_gib=cache_gib, min_replicas=min_replicas, max_replicas=max_replicas,
                             startup_seconds=startup_seconds)
     model, version = parse_version_spec(spec)

@@ -1,10 +1,12 @@
-"""A KServe InferenceService for one pinned model version, from templates/kserve-inferenceservice.yaml (served by
-`relctl serve`) or templates/kserve-vllm-inferenceservice.yaml (a vLLM package, served by vLLM).
+"""A KServe InferenceService for one pinned model version, from the template its backend names
+(templates/kserve-inferenceservice.yaml: served by `relctl serve`; an engine that is its own server names its own).
 
 The template is parsed as YAML and its `${...}` placeholders are filled in string values only, so a model
 name can never change the manifest's structure; mode, resources, scheduling, replicas, canary share, probes
-and cache size are set on the parsed structure, from the version's facts (release/deploy/facts.py: its
-backend, the device it was built for, its memory plan, its OCI digest) and the options.
+and cache size are set on the parsed structure, from the version's deployment as its backend decides it
+(release/deploy/facts.py, `Backend.deployment`: the device it was validated on, image, args, env, memory)
+and the options. A device the version was not validated on is refused unless --allow-unvalidated-device,
+and then the manifest says so (annotation relctl/unvalidated-device).
 
 Deployment modes (KServe's `serving.kserve.io/deploymentMode`): Serverless (Knative) rolls a new spec out as
 a new revision and splits traffic with canaryTrafficPercent; RawDeployment (a plain Deployment) has no
@@ -22,27 +24,21 @@ from typing import Any, Literal
 import yaml
 
 from release import __version__
+from release.backends.base import Deployment
 from release.core.errors import InputError
 from release.core.templates import template_text
-from release.deploy.facts import VLLM, VersionFacts
+from release.deploy.facts import VersionFacts
 
-TEMPLATE = "kserve-inferenceservice.yaml"
-VLLM_TEMPLATE = "kserve-vllm-inferenceservice.yaml"
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 # KServe names an InferenceService's Knative services and routes after it: a DNS-1035 label, and short
 # enough for its "-predictor" suffixes.
 NAME_MAX = 45
 Mode = Literal["serverless", "raw"]
 MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+UNVALIDATED_ANNOTATION = "relctl/unvalidated-device"
 MODES: dict[str, str] = {"serverless": "Serverless", "raw": "RawDeployment"}
 GIB = 1024**3
 MIB = 1024**2
-# The memory plan counts the model (weights, KV cache, workspace); the serving process needs its own memory
-# on top: relctl serve's Python, HTTP stack and ONNX Runtime libraries; vLLM's Python, torch, its API
-# server and engine processes (and the CUDA libraries on a GPU). Rounded up generously: a limit that is
-# too tight is an OOM kill mid-traffic, one that is loose is idle memory.
-PROCESS_OVERHEAD_BYTES = {"onnxruntime-genai": 1 * GIB, VLLM: 4 * GIB}
-DEFAULT_OVERHEAD_BYTES = 2 * GIB
 # Scheduling onto GPU nodes: the label NVIDIA's GPU operator (GPU feature discovery) puts on every GPU node,
 # and the taint managed GPU node pools (GKE, AKS, EKS with the GPU operator) put on them so that other
 # pods stay off. --node-selector replaces the label with your own.
@@ -63,10 +59,11 @@ class KServeOptions:
     canary_percent: int | None = None
     cpu: str = "1"
     memory_gib: float | None = None            # None: the version's memory plan
-    gpus: int | None = None                    # None: 1 for a CUDA build or a vLLM package, else 0
+    gpus: int | None = None                    # None: 1 when validated on cuda, else 0
     gpu_resource: str = "nvidia.com/gpu"
     node_selector: dict[str, str] | None = field(default=None)   # None: GPU_NODE_LABEL on a GPU manifest
-    engine_image: str | None = None            # vLLM: the engine's image (default vllm/vllm-openai, CUDA)
+    engine_image: str | None = None            # an engine that is its own server: its image (default: its own)
+    allow_unvalidated_device: bool = False     # render for a device the version was not validated on
     trusted_keys: str = "relctl-trusted-keys"  # ConfigMap with the release's public key (release.pub)
     modelcar: bool = False                     # the OCI digest as KServe's storageUri (ModelCar), not a pull
     cache_gib: float = 10.0
@@ -95,12 +92,6 @@ def service_name(model: str) -> str:
     if not name or not name[0].isalpha():
         name = f"m-{name}".rstrip("-")
     return name[:NAME_MAX].rstrip("-")
-
-
-def default_engine_image() -> str:
-    from release.backends.vllm.engine import VLLM_VERSION  # noqa: PLC0415 - only a vLLM manifest needs it
-
-    return f"vllm/vllm-openai:v{VLLM_VERSION}"
 
 
 def check_options(options: KServeOptions) -> None:
@@ -132,25 +123,27 @@ def check_options(options: KServeOptions) -> None:
 def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
     """The InferenceService for `spec` as a dict, ready for yaml.safe_dump. `spec`: the version's facts as
     read from the registry, or MODEL/VERSION alone (then --memory-gib must be given: no plan is known)."""
-    facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec), provider="unknown")
+    facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec))
     check_options(options)
     model, version = facts.model, facts.version
-    vllm = facts.backend == VLLM
-    gpus = options.gpus if options.gpus is not None else (1 if facts.provider == "cuda" or vllm else 0)
-    _check_device(facts, gpus, options)
-    _check_modelcar(facts, options)
-    memory = _memory(facts, options)
+    validated = facts.deployment().validated_device
+    gpus = options.gpus if options.gpus is not None else (1 if validated == "cuda" else 0)
+    device = "cuda" if gpus else "cpu"
+    deployment = facts.deployment(device)
+    unvalidated = _check_device(facts, deployment, device, gpus, options)
+    _check_modelcar(facts, deployment, options)
+    memory = _memory(facts, deployment, options)
     name = options.name or service_name(model)
     if not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > NAME_MAX:
         raise InputError(f"--name {name}: not a valid InferenceService name",
                          hint=f"lower-case letters, digits and '-', starting with a letter, at most {NAME_MAX}")
     if template is None:
-        template = template_text(VLLM_TEMPLATE if vllm else TEMPLATE)
+        template = template_text(deployment.template)
     source = facts.oci_uri or f"{model}/{version}"
     values = {"NAME": name, "MODEL": model, "VERSION": version, "IMAGE": options.image, "SECRET": options.secret,
               "RELCTL_IMAGE": options.image, "SOURCE": source, "TRUSTED_KEYS": options.trusted_keys}
-    if vllm:
-        values["IMAGE"] = options.engine_image or default_engine_image()
+    if deployment.own_engine:
+        values["IMAGE"] = str(options.engine_image or deployment.engine_image)
     try:
         manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
         predictor = manifest["spec"]["predictor"]
@@ -163,13 +156,15 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     except (yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
         raise InputError(f"KServe template: not an InferenceService with one predictor container, probes "
                          f"(startup, liveness) and a cache volume ({type(exc).__name__}: {exc})",
-                         hint=f"start from relctl's templates/{VLLM_TEMPLATE if vllm else TEMPLATE}") from exc
+                         hint=f"start from relctl's templates/{deployment.template}") from exc
     metadata = manifest["metadata"]
     if options.namespace:
         metadata["namespace"] = options.namespace
     annotations = metadata["annotations"]
     annotations["relctl/rendered-by"] = f"relctl {__version__}"
     annotations[MODE_ANNOTATION] = MODES[options.mode]
+    if unvalidated:
+        annotations[UNVALIDATED_ANNOTATION] = unvalidated
     predictor["minReplicas"], predictor["maxReplicas"] = options.min_replicas, options.max_replicas
     predictor.pop("canaryTrafficPercent", None)
     if options.mode == "serverless" and options.canary_percent is not None:
@@ -190,8 +185,9 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     container["startupProbe"]["failureThreshold"] = max(1, math.ceil(options.startup_seconds / PROBE_PERIOD))
     container["livenessProbe"].pop("initialDelaySeconds", None)
     predictor["volumes"][0]["emptyDir"]["sizeLimit"] = _gib(options.cache_gib)
-    if vllm:
-        _vllm_args(container, facts)
+    _engine_settings(container, deployment)
+    if deployment.init_verifies:
+        pass  # the template's own init container fetches and verifies SOURCE before the engine starts
     elif facts.oci_uri and options.modelcar:
         _modelcar(container, facts)
     elif facts.oci_uri:
@@ -233,53 +229,75 @@ def knative_features(manifest: dict[str, Any]) -> list[str]:
 MODES_LABEL = {"Serverless": "KServe Serverless mode", "RawDeployment": "KServe RawDeployment mode"}
 
 
-def _check_modelcar(facts: VersionFacts, options: KServeOptions) -> None:
+def _check_modelcar(facts: VersionFacts, deployment: Deployment, options: KServeOptions) -> None:
     label = f"{facts.model} v{facts.version}"
     if options.modelcar and not facts.oci_uri:
         raise InputError(f"--modelcar: {label} has not been published as an OCI artifact",
                          hint=f"relctl publish {facts.model}/{facts.version} --to oci://HOST/REPO --base "
                               "oci://HOST/busybox@sha256:... first")
-    if options.modelcar and facts.backend == VLLM:
-        raise InputError(f"--modelcar: {label} is a vLLM package, which relctl verifies in an init container "
-                         "before vLLM starts, and an init container cannot see a ModelCar's files",
+    if options.modelcar and deployment.init_verifies:
+        raise InputError(f"--modelcar: {label} is a {facts.backend} package, which relctl verifies in an init "
+                         "container before the engine starts, and an init container cannot see a ModelCar's files",
                          hint="leave out --modelcar: the init container pulls the same digest and verifies it")
 
 
-def _check_device(facts: VersionFacts, gpus: int, options: KServeOptions) -> None:
-    """A package runs only on the device it was built for: refuse a manifest that would put it elsewhere."""
+def _check_device(facts: VersionFacts, deployment: Deployment, device: str, gpus: int,
+                  options: KServeOptions) -> str:
+    """A package runs where its backend says it can, and by default only on the device it was validated on;
+    the annotation text for a device it was not validated on (allowed explicitly), else ""."""
     label = f"{facts.model} v{facts.version}"
-    if gpus and not facts.gpu_capable:
-        raise InputError(f"{label} was built for CPU (execution provider cpu), so --gpus {gpus} would run it on "
-                         "a GPU node's CPU", hint="release it with convert.execution_provider: cuda for a GPU "
-                                                  "deployment, or render it with --gpus 0")
-    if not gpus and not facts.cpu_capable:
-        what = f"stores {facts.dtype} weights, which vLLM serves on CUDA only" if facts.backend == VLLM \
-            else "was built for CUDA (execution provider cuda)"
-        raise InputError(f"{label} {what}; --gpus 0 would not load it",
-                         hint="render it with --gpus 1 (and the image built from templates/Dockerfile.cuda)")
-    if facts.backend == VLLM and not gpus and options.engine_image is None:
-        raise InputError(f"{label}: vllm/vllm-openai is a CUDA image, so a CPU vLLM deployment needs its own",
-                         hint="pass --engine-image with an image of vLLM's CPU build, or --gpus 1")
+    validated = deployment.validated_device
+    other = f"--gpus {gpus}" if gpus else "--gpus 0"
+    if device not in deployment.runs_on:
+        raise InputError(f"{label} {deployment.why_not or f'cannot run on {device}'}; {other} would not serve it "
+                         f"(cannot run on {device})",
+                         hint=f"render it for {', '.join(deployment.runs_on)} "
+                              f"({'--gpus 1' if device == 'cpu' else '--gpus 0'}), or release it for {device} "
+                              "(convert.execution_provider)")
+    unvalidated = ""
+    if validated not in ("unknown", device):
+        if not options.allow_unvalidated_device:
+            raise InputError(f"{label} was built and validated for {validated}, and {other} would run it on "
+                             f"{device}, where it was never validated",
+                             hint=f"render it for {validated} ({'--gpus 1' if validated == 'cuda' else '--gpus 0'}), "
+                                  f"release it for {device}, or pass --allow-unvalidated-device (the manifest then "
+                                  "says so)")
+        unvalidated = f"{device} (validated on {validated} only)"
+    if deployment.own_engine and not (options.engine_image or deployment.engine_image):
+        raise InputError(f"{label}: the {facts.backend} engine has no default image for {device}",
+                         hint=f"pass --engine-image with an image of its {device} build"
+                              + (", or --gpus 1" if device == "cpu" else ""))
+    return unvalidated
 
 
-def _memory(facts: VersionFacts, options: KServeOptions) -> str:
-    """Request and limit per replica: --memory-gib, else the version's memory plan plus the process's own."""
+def _memory(facts: VersionFacts, deployment: Deployment, options: KServeOptions) -> str:
+    """Request and limit per replica: --memory-gib, else what the backend derives from the version's plan."""
     if options.memory_gib is not None:
         return _gib(options.memory_gib)
-    if facts.per_replica_bytes is None:
+    if deployment.memory_bytes is None:
         raise InputError(f"{facts.model} v{facts.version} has no memory plan recorded (memory.per_replica_bytes)",
                          hint="pass --memory-gib; `relctl plan` on its package gives the per-replica figure")
-    overhead = PROCESS_OVERHEAD_BYTES.get(facts.backend, DEFAULT_OVERHEAD_BYTES)
-    return f"{math.ceil((facts.per_replica_bytes + overhead) / MIB)}Mi"
+    return f"{math.ceil(deployment.memory_bytes / MIB)}Mi"
 
 
-def _vllm_args(container: dict[str, Any], facts: VersionFacts) -> None:
-    """vLLM starts with the package's own context length and dtype (as relctl's vLLM backend starts it)."""
+def _engine_settings(container: dict[str, Any], deployment: Deployment) -> None:
+    """The backend's args and environment, where the template does not already set them."""
     args = [a for a in container.get("args", []) if isinstance(a, str)]
-    for flag, value in (("--max-model-len", facts.max_model_len), ("--dtype", facts.dtype)):
-        if value is not None and flag not in args:
-            args += [flag, str(value)]
-    container["args"] = args
+    extra = list(deployment.args)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        takes_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag not in args:
+            args += extra[i:i + 2] if takes_value else [flag]
+        i += 2 if takes_value else 1
+    if args or "args" in container:
+        container["args"] = args
+    env = list(container.get("env") or [])
+    named = {e.get("name") for e in env if isinstance(e, dict)}
+    env += [{"name": key, "value": value} for key, value in deployment.env.items() if key not in named]
+    if env:
+        container["env"] = env
 
 
 # KServe's ModelCar mounts the image's /models at /mnt/models (a link into the sidecar's filesystem). relctl

@@ -1,16 +1,12 @@
-"""Serving memory: the plan (weights + KV cache + workspace + runtime overhead + rollout overlap) for a
-package or a config.json on a target, what would fit instead, and measurements to check it against.
+"""Serving memory, engine-agnostic: the GPU catalogue, the memory gate's settings, `relctl plan`, and the
+measurements a plan is checked against. Each engine's plan is its backend's (`Backend.plan`, the
+`EnginePlan` contract in release/backends/planning.py); nothing here knows an engine.
 
-plan.py       the formula (Target, ModelSpec, breakdown, max_concurrency, max_context)
-verdict.py    make_plan / load_spec: the whole plan with alternatives, as `relctl plan` and the gate show it
-shape.py      a config.json's shape, parameter count (active too) and onnxruntime-genai builder layout
-families.py   the architectures the plan knows (MoE, MLA, sliding windows, biases); the rest is unsupported
-package.py    a built package's initializer bytes, precision, KV dtype and provider
 catalogue.py  the GPU catalogue (gpus.json + release.yaml additions)
+settings.py   gates.memory: the target, each engine's plan options, the cold-start bound
+cli.py        relctl plan: any installed backend's plan of a package or a config.json
 measure.py    RSS / device memory and cold start, in worker processes (worker.py)
-gpu_env.py    one ONNX Runtime build per environment; the CUDA provider really in use
-compat.py     the validate stage's estimate from `serving:` (estimate_memory), kept for promote
 
-Nothing is imported here: `relctl plan --help` reads its choices from plan.py and shape.py, and importing
-the package must not load onnx (package.py) on the way (tests/cli/test_startup.py).
+Nothing is imported here: importing the package must not load an engine on the way
+(tests/cli/test_startup.py).
 """

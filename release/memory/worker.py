@@ -21,7 +21,6 @@ from typing import Any, Self
 import psutil
 
 from release.backends import backend_for_folder
-from release.memory.gpu_env import require_cuda
 
 
 class PeakSampler:
@@ -99,12 +98,11 @@ def _device_used() -> Callable[[], int]:
 
 def measure(model_dir: Path, provider: str, batch: int, max_length: int, prompt: int, steps: int) -> dict[str, Any]:
     """Memory before load, after load, and at the peak of one full batch (cpu: RSS; cuda: the device's used memory)."""
-    if provider != "cpu":
-        require_cuda(model_dir / "model.onnx")  # the provider a session really runs on, not the available list
+    backend = backend_for_folder(model_dir)
+    backend.check_environment(model_dir, provider)  # the device a session really runs on, not the available list
     read = _rss if provider == "cpu" else _device_used()
     started = _rss()
     device_start = read()
-    backend = backend_for_folder(model_dir)
     t0 = time.perf_counter()
     probe = backend.batch_probe(model_dir, provider)
     if probe is None:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from release.backends import AUTO, Backend, available_backends, choose_backend, family_of
+from release.backends.families import check_supported
 from release.config import ReleaseConfig
 from release.core.checkpoint import PICKLE_SUFFIXES
 from release.core.errors import InputError, InputProblems
 from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
-from release.memory.families import check_supported
 from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
 from release.registry import Registry

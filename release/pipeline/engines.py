@@ -124,7 +124,8 @@ def engine_problems(cfg: ReleaseConfig, config: dict[str, Any], gates: list[Gate
         backend = get_backend(entry.backend)
         support = backend.supports(config)
         problem = support.reason if not support.supported else backend.target_problem(
-            entry.precision, cfg.convert.execution_provider)
+            entry.precision, cfg.convert.execution_provider) or backend.device_problem(
+            config, entry.precision, cfg.convert.execution_provider)
         if problem is not None:
             problems.append(Problem(f"release.yaml: engines: {_entry(entry)}: {problem}",
                                     "remove that entry, or choose a precision it builds (relctl backends)"))

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
+from release.core.package import LEGACY_BACKEND
 from release.core.units import size
 from release.pipeline.engines import engines_section
 from release.registry import tags as T
@@ -94,6 +95,16 @@ def engine_line(report: ReleaseReport) -> str:
         return ""
     why = f" ({engine['why']})" if engine.get("why") else ""
     return f"Serves on **{backend}** at **{report.precision}**{why}."
+
+
+def _engine_name(report: ReleaseReport) -> str:
+    """What the card's title calls a package: its backend's display name (older reports name none: the
+    backend of format-1 packages), or its id when that backend is not installed here."""
+    from release.backends import available_backends  # noqa: PLC0415 - entry points, only for a card
+
+    backend = str(report.package.get("backend") or LEGACY_BACKEND)
+    found = available_backends().get(backend)
+    return found.display_name or backend if found is not None else backend
 
 
 def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:

@@ -1,7 +1,7 @@
 """What a release will need of this machine, from config.json and the precision, checked before any slow
 stage (`relctl check` and promote's first step): refused with the numbers (exit 2) when it cannot fit.
 
-Predicted from the checkpoint's shape (release/memory/shape.py: parameters, and the bytes the builder writes
+Predicted from the checkpoint's shape (release/backends/shape.py: parameters, and the bytes the builder writes
 at the precision) and the line fitted through benchmarks/results/scaling.json (0.5B-3B Qwen2.5 shapes, each
 promote inside a cgroup memory limit):
 - memory: the limit the whole promote (relctl and every process it starts) completes inside,
@@ -59,7 +59,7 @@ class Needs:
 
 def needs(config: dict[str, Any], precision: str, provider: str) -> Needs | None:
     """The release's needs, or None when the shape cannot be read (the contract check names that)."""
-    from release.memory.shape import builder_weights_bytes, parameter_count, shape_from_config  # noqa: PLC0415
+    from release.backends.shape import builder_weights_bytes, parameter_count, shape_from_config  # noqa: PLC0415
 
     if precision not in MEMORY_FIT:
         return None

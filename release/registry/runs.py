@@ -12,12 +12,12 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlflow
 import psutil
@@ -32,10 +32,39 @@ from release.core.errors import RegistryError
 from release.registry import filters
 from release.registry import tags as T
 
-if TYPE_CHECKING:
-    import onnx
-
 RELEASE_EXPERIMENT = "relctl-releases"
+
+
+class TensorInfo(Protocol):
+    """One signature entry (release/backends/base.py TensorInfo, structurally: the registry sits below)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+class FlavourModel(Protocol):
+    """What a backend hands the registry to log with an MLflow flavour (release/backends/base.py FlavourModel)."""
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def inputs(self) -> Sequence[TensorInfo]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorInfo]: ...
+
+    @property
+    def side_files(self) -> Sequence[Path]: ...
+
+    @property
+    def log_options(self) -> dict[str, Any]: ...
 
 
 @contextmanager
@@ -86,30 +115,32 @@ class ReleaseRun:
         with _writing(f"log {artifact_file}"):
             mlflow.log_dict(data, artifact_file)
 
-    def log_onnx_model(self, model_path: Path, extra_files: list[str], requirements: list[str]) -> LoggedModelRef:
-        """An mlflow.onnx model (a LoggedModel linked to this run) of the graph at `model_path`, with a named
-        TensorSpec signature and the runtime's pinned pip requirements, so it also loads with mlflow.pyfunc.
+    def log_flavour_model(self, kind: str, flavoured: FlavourModel, extra_files: list[str],
+                          requirements: list[str]) -> LoggedModelRef:
+        """A model logged with MLflow's own `kind` flavour (`mlflow.<kind>.log_model`; a LoggedModel linked to
+        this run) from the object its backend built, with a named TensorSpec signature and the runtime's pinned
+        pip requirements, so it also loads with mlflow.pyfunc. The backend's side files (weights kept outside
+        the model object) are copied beside it as they are: registering costs a file copy, not the model's size
+        in memory."""
+        import importlib  # noqa: PLC0415 - the flavour's module loads only when a version is registered
 
-        The weights are never loaded: MLflow serializes the graph alone (its initializers still point at their
-        external-data files), and those files are copied beside it as they are. Registering a model costs a
-        file copy, not the model's size in memory (onnx.load of an 8B graph holds 16-32 GB)."""
-        import mlflow.onnx  # noqa: PLC0415 - onnx graphs load only when a version is registered
-        import onnx  # noqa: PLC0415 - as above: status, history and trace read the registry without onnx
-
-        graph = onnx.load(str(model_path), load_external_data=False)
-        with _writing("log the ONNX model"):
-            info = mlflow.onnx.log_model(onnx_model=graph, name="model", signature=onnx_signature(model_path),
-                                         pip_requirements=requirements, extra_files=extra_files,
-                                         save_as_external_data=False)
+        try:
+            module = importlib.import_module(f"mlflow.{kind}")
+        except ImportError as exc:
+            raise RegistryError(f"this MLflow has no '{kind}' flavour to log the model with",
+                                hint=f"install MLflow's {kind} support, or use a backend that logs files") from exc
+        signature = ModelSignature(inputs=_schema(flavoured.inputs), outputs=_schema(flavoured.outputs))
+        with _writing(f"log the {kind} model"):
+            info = module.log_model(flavoured.model, name="model", signature=signature,
+                                    pip_requirements=requirements, extra_files=extra_files,
+                                    **flavoured.log_options)
             model_id = getattr(info, "model_id", None)
-            data_files = sorted({entry.value for tensor in graph.graph.initializer for entry in tensor.external_data
-                                 if entry.key == "location"})
-            if data_files and model_id is None:
-                raise RegistryError("this MLflow has no LoggedModel to hold the ONNX external data",
+            if flavoured.side_files and model_id is None:
+                raise RegistryError(f"this MLflow has no LoggedModel to hold the {kind} model's side files",
                                     hint="use MLflow 3 (relctl pins mlflow>=3.17)")
-            for name in data_files:
-                MlflowClient().log_model_artifact(str(model_id), str(model_path.parent / name))
-        return LoggedModelRef(str(info.model_uri), model_id, tuple(data_files))
+            for path in flavoured.side_files:
+                MlflowClient().log_model_artifact(str(model_id), str(path))
+        return LoggedModelRef(str(info.model_uri), model_id, tuple(path.name for path in flavoured.side_files))
 
     def log_files_model(self, files: list[Path], flavour: dict[str, Any]) -> LoggedModelRef:
         """A LoggedModel (linked to this run) whose artifacts are `files` and an MLmodel naming the `relctl`
@@ -137,21 +168,10 @@ class LoggedModelRef:
     verbatim: tuple[str, ...] = ()
 
 
-def onnx_signature(model_path: Path) -> ModelSignature:
-    """Named TensorSpecs for every graph input and output; symbolic dims become -1."""
-    import numpy as np  # noqa: PLC0415 - onnx (and ml_dtypes) cost ~0.7 s; only registering a version needs them
-    import onnx  # noqa: PLC0415 - as above
+def _schema(tensors: Sequence[TensorInfo]) -> Schema:
+    import numpy as np  # noqa: PLC0415 - only registering a version needs it
 
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-
-    def spec(value: onnx.ValueInfoProto) -> TensorSpec:
-        ttype = value.type.tensor_type
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type))
-        shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in ttype.shape.dim)
-        return TensorSpec(dtype, shape, value.name)
-
-    return ModelSignature(inputs=Schema([spec(v) for v in graph.input]),
-                          outputs=Schema([spec(v) for v in graph.output]))
+    return Schema([TensorSpec(np.dtype(t.dtype), t.shape, t.name) for t in tensors])
 
 
 def _owner_tags() -> dict[str, str]:

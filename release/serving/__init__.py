@@ -1,8 +1,9 @@
-"""Serving: the local OpenAI-compatible server on onnxruntime-genai and the open-loop load generator.
+"""Serving: the local OpenAI-compatible server (any backend's Runner behind relctl's admission) and the
+open-loop load generator.
 
     settings.py   ServerSettings: limits, admission queue, timeouts, request-log retention
-    engine.py     the model behind admission control: batched (batching.py) or a pool of generator threads
-    batching.py   onnxruntime-genai's og.Engine on one driver thread; jobs.py: what the threads hand back
+    engine.py     the model behind admission control: the runner's BatchEngine or a pool of generator threads;
+                  jobs.py: what the threads hand back (declared with the Backend contract, backends/jobs.py)
     protocol.py   OpenAI request schemas, the model's limits (400 naming the field) and response bodies
     parsing.py    bounded JSON decoding, unsupported OpenAI fields refused by name
     app.py        the starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics,

@@ -1,7 +1,7 @@
 """The model behind the server: a backend's runner (release/backends/), admission control in front of it,
 and two ways to generate:
 
-- batched: the runner's batching engine (onnxruntime-genai's `og.Engine` on one driver thread), up to
+- batched: the runner's batching engine (a `BatchEngine`: the engine's own continuous batching), up to
   `max_batch_size` requests per model step;
 - a fixed pool of generator threads running the runner's token loop (batching off, models the batching
   engine cannot serve, and requests with a `seed`, which a static batch cannot honour per request).
@@ -24,10 +24,9 @@ from typing import Any
 
 from release.backends import backend_of
 from release.backends.base import Backend, Runner
+from release.backends.jobs import Finished, GenerationParams, Job, StopMatcher
 from release.core.package import PackageManifest
 from release.core.server_settings import ServerSettings
-from release.serving.jobs import Finished, Job, StopMatcher
-from release.serving.protocol import GenerationParams
 
 __all__ = ["Engine", "Finished", "StopMatcher", "open_engine"]
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from release.backends.jobs import ModelLimits
 from release.core.server_settings import ServerSettings
 from release.serving.metrics import Identity
-from release.serving.protocol import INT32_MAX, MAX_STOP_CHARS, ModelLimits
+from release.serving.protocol import INT32_MAX, MAX_STOP_CHARS
 
 OPENAPI_VERSION = "3.0.3"
 
@@ -31,7 +32,7 @@ def openapi_schema(identity: Identity, settings: ServerSettings, limits: ModelLi
     doc: dict[str, Any] = {
         "openapi": OPENAPI_VERSION,
         "info": {"title": f"relctl serve {identity.model_id}", "version": identity.serving_config,
-                 "description": "OpenAI-compatible text generation on onnxruntime-genai"},
+                 "description": "OpenAI-compatible text generation, served by relctl"},
         "paths": {
             "/v1/completions": {"post": _post("completions", "CompletionRequest", completion_ok, errors)},
             "/v1/chat/completions": {"post": _post("chatCompletions", "ChatRequest", completion_ok, errors)},
@@ -79,7 +80,8 @@ def _request_schemas(settings: ServerSettings, limits: ModelLimits, model_name: 
             {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS},
             {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_CHARS}},
         ]},
-        "ignore_eos": {"type": "boolean", "description": "generate exactly max_tokens tokens (vLLM's extension)"},
+        "ignore_eos": {"type": "boolean", "description": "generate exactly max_tokens tokens (an extension "
+                                                             "OpenAI-compatible engine servers share)"},
     }
     message = {"type": "object", "required": ["role", "content"], "properties": {
         "role": {"type": "string", "enum": ["system", "user", "assistant", "developer", "tool"]},

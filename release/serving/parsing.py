@@ -140,7 +140,7 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
         if name in data and not any(_same(data[name], n) for n in neutral):
             if name in ("n", "best_of"):
                 raise RequestProblem(name, "only 1 is supported (one completion per request)")
-            raise RequestProblem(name, "not supported by this server (onnxruntime-genai text generation); "
+            raise RequestProblem(name, "not supported by this server (text generation only); "
                                        "leave it out")
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from release.backends.jobs import GenerationParams, ModelLimits
 from release.core.server_settings import ServerSettings
 
 INT32_MAX = 2**31 - 1
@@ -48,14 +48,15 @@ class SamplingFields(_Schema):
     max_tokens: int | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    # onnxruntime-genai takes both as 32-bit signed integers; top_k is also capped by the vocabulary.
+    # engines take both as 32-bit signed integers; top_k is also capped by the vocabulary.
     top_k: int = Field(default=0, ge=0, le=INT32_MAX)
     seed: int | None = Field(default=None, ge=0, le=INT32_MAX)
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    # vLLM's extension: generate exactly max_tokens, as load tests need controlled output lengths.
+    # the ignore_eos extension of OpenAI-compatible engine servers: generate exactly max_tokens, as load tests
+    # need controlled output lengths.
     ignore_eos: bool = False
 
 
@@ -81,27 +82,6 @@ class ChatMessage(_Schema):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """What the engine needs from a request, checked against the server's limits."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-    stop: tuple[str, ...]
-    ignore_eos: bool
-
-
-@dataclass(frozen=True)
-class ModelLimits:
-    """What the loaded model can honour (from its genai_config.json)."""
-
-    vocab_size: int
-    context_length: int
 
 
 def check_params(req: SamplingFields, settings: ServerSettings, limits: ModelLimits) -> GenerationParams:

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from release.backends.jobs import GenerationParams
 from release.serving.engine import Finished
 from release.serving.protocol import (
     ChunkFormat,
-    GenerationParams,
     RequestProblem,
     chunk_body,
     completion_body,

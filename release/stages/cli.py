@@ -23,7 +23,8 @@ R = TypeVar("R", bound="StageResult")
 
 def run_standalone(stage: Stage[Any, R], out: Path) -> R:
     """release.pipeline.runner.run_standalone, imported when a stage command runs: the pipeline brings pydantic
-    and rich, the stages onnx and mlflow, none of which `relctl --help` needs (tests/cli/test_startup.py)."""
+    and rich, the stages an engine's libraries and mlflow, none of which `relctl --help` needs
+    (tests/cli/test_startup.py)."""
     from release.pipeline.runner import run_standalone as run
 
     return run(stage, out)

@@ -1,29 +1,45 @@
-"""Memory: the serving memory plan of the candidate, its own stage so only memory settings re-run it.
+"""Memory: the serving memory plan of the candidate by its own engine (`Backend.plan`), its own stage so only
+memory settings re-run it.
 
 Fingerprinted on the candidate build and the memory-relevant serving settings (concurrency, context,
-accelerator memory, workspace share, rollout replicas) only: changing the server's queue size re-runs
-neither this nor validation. A plan that does not fit blocks the release (exit 1).
+accelerator memory, rollout replicas) only: changing the server's queue size re-runs neither this nor
+validation. A plan that does not fit blocks the release (exit 1). Its figures are recorded as `memory.*`
+on the version: `per_replica_bytes` is what the engines table, the card and `relctl render kserve` use.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from release.backends import get_backend
+from release.backends.planning import EnginePlan, Target
 from release.config import ServingConfig
 from release.core.units import size
-from release.memory.compat import estimate_memory
 from release.stages.base import Stage, StageInputs, StageResult, location
 
-MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "workspace_fraction", "rollout_replicas")
+MEMORY_SETTINGS = ("concurrency", "context_tokens", "gpu_memory_gib", "rollout_replicas")
 
 
 def memory_settings(serving: ServingConfig) -> dict[str, Any]:
     return {key: getattr(serving, key) for key in MEMORY_SETTINGS}
+
+
+def estimate(plan: EnginePlan, serving: ServingConfig) -> dict[str, Any]:
+    """The plan's figures as the release report and the version's `memory.*` numbers name them."""
+    return {"engine": plan.engine, "fits": plan.fits, "summary": plan.summary, "concurrency": serving.concurrency,
+            "context_tokens": serving.context_tokens, "rollout_replicas": serving.rollout_replicas,
+            "peak_bytes": plan.peak_bytes, "capacity_bytes": plan.capacity_bytes,
+            "headroom_bytes": plan.headroom_bytes, "per_replica_bytes": plan.per_replica_bytes,
+            "weights_bytes": plan.weights_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
+            "kv_bytes_per_token": plan.kv_bytes_per_token, "workspace_bytes": plan.activations_bytes,
+            "overhead_bytes": plan.overhead_bytes, "max_concurrency": plan.max_concurrency,
+            **({"kv_capacity_tokens": plan.kv_capacity_tokens} if plan.kv_capacity_tokens is not None else {})}
 
 
 class MemoryInputs(StageInputs):
@@ -44,13 +60,22 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
     result_type = MemoryResult
 
     def run(self, out: Path) -> MemoryResult:
-        config = json.loads(self.inputs.config_path.read_text())
         serving = ServingConfig.model_validate(self.inputs.settings)
-        facts = get_backend(self.inputs.backend).memory_facts(self.inputs.runtime_dir, None)
-        estimate = estimate_memory(config, facts.weights_bytes, serving, kv_dtype_bytes=facts.kv_dtype_bytes)
-        data = estimate.to_dict()
+        backend = get_backend(self.inputs.backend)
+        facts = backend.memory_facts(self.inputs.runtime_dir, None)
+        target = Target(memory_gib=serving.gpu_memory_gib, concurrency=serving.concurrency,
+                        context=serving.context_tokens, provider="cuda" if facts.provider == "cuda" else "cpu",
+                        headroom=0.0, rollout_overlap=serving.rollout_replicas > 1 and backend.rollout_shares_devices)
+        with tempfile.TemporaryDirectory(prefix="relctl-memory-") as tmp:
+            # The build seen as a package (model/ beside source/config.json), which is what a plan reads.
+            view = Path(tmp)
+            (view / "model").symlink_to(self.inputs.runtime_dir.resolve(), target_is_directory=True)
+            (view / "source").mkdir()
+            shutil.copy2(self.inputs.config_path, view / "source" / "config.json")
+            plan = backend.plan(view, target)
+        data = estimate(plan, serving)
         (out / "memory.json").write_text(json.dumps(data, indent=2))
-        return MemoryResult(fits=bool(data["fits"]), estimate=data)
+        return MemoryResult(fits=plan.fits, estimate=data)
 
     def summary(self, result: MemoryResult) -> str:
         e = result.estimate

@@ -8,7 +8,7 @@ distribution when the vocabulary is small), the log-probability of the token tha
   never their sum), and it runs in its own process (its peak is reported, and it ends with relctl);
 - it is computed once per checkpoint, prompt set and max_new_tokens: the stage's fingerprint has no
   precision in it, so an int4 and an int8 promote of one run share it;
-- a backend whose reference is the checkpoint (`Backend.reference_from_checkpoint`, onnxruntime-genai)
+- a backend whose reference is the checkpoint (`Backend.reference_from_checkpoint`)
   needs no fp32 build just to be compared with: the builder runs once per promote, and an fp32 release is
   compared with PyTorch's numbers, not with itself.
 """

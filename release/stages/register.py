@@ -2,8 +2,9 @@
 
 The package folder is logged to the release run as `package/` (what `relctl serve` and `rollback`
 verify and load), less the weight files the MLflow model holds: one stored copy of them
-(release/registry/package_links.py); the MLflow model is logged in the flavour the package's backend names (for
-onnxruntime-genai: mlflow.onnx with a named TensorSpec signature and explicit pip requirements, so the
+(release/registry/package_links.py); the MLflow model is logged in the flavour the package's backend names (a
+backend with its own MLflow flavour (`Backend.flavour_model`) with a named TensorSpec signature and explicit pip
+requirements, so the
 version also loads with mlflow.pyfunc; otherwise the runtime files with a `relctl` flavour).
 
 Idempotent against the registry: a version is created with `relctl.release_state=registering` and
@@ -166,9 +167,11 @@ def log_model(run: ReleaseRun, package: PackageManifest) -> LoggedModelRef:
     backend = backend_of(package)
     flavour = backend.flavour()
     files = sorted(p for p in package.model_dir.iterdir() if p.is_file())
-    if flavour.kind == "onnx":
-        extras = [str(p) for p in files if not p.name.startswith(flavour.model_file)] + [str(package.root / MANIFEST)]
-        return run.log_onnx_model(package.model_dir / flavour.model_file, extras, list(flavour.pip_requirements))
+    flavoured = backend.flavour_model(package.model_dir)
+    if flavoured is not None:
+        logged = {flavour.model_file, *(p.name for p in flavoured.side_files)}
+        extras = [str(p) for p in files if p.name not in logged] + [str(package.root / MANIFEST)]
+        return run.log_flavour_model(flavour.kind, flavoured, extras, list(flavour.pip_requirements))
     return run.log_files_model([*files, package.root / MANIFEST],
                                {"backend": backend.id, "backend_version": backend.version(),
                                 "pip_requirements": list(flavour.pip_requirements)})

@@ -110,6 +110,54 @@ def test_backends_reach_no_pipeline_or_command() -> None:
     assert offenders(modules("release/backends"), above) == []
 
 
+def test_backends_reach_no_serving_or_memory_internals() -> None:
+    """What a Runner exchanges with the server (Job, ModelLimits, ...) and what a plan is made of (Target,
+    EnginePlan, the model's shape) are the contract's (release/backends/jobs.py, planning.py, shape.py): a
+    plug-in engine imports nothing from the work above it."""
+    assert offenders(modules("release/backends"), ("release.serving", "release.memory", "release.deploy",
+                                                    "release.lora", "release.webhook", "release.signing")) == []
+    toy = modules("tests/backends/toy_backend")
+    assert toy and offenders(toy, ("release.serving", "release.memory", "release.pipeline", "release.stages")) == []
+
+
+def test_the_schema_reaches_backends_only_through_discovery() -> None:
+    """release.yaml is checked against what the installed backends offer, found through the entry points
+    (release.backends) and their contract: never an engine's own package."""
+    config = [ROOT / "release" / "config.py"]
+    engine_packages = sorted({f"release.backends.{p.parent.name}" for p in modules("release/backends")
+                              if p.name == "__init__.py" and p.parent.name != "backends"})
+    assert engine_packages and offenders(config, tuple(engine_packages)) == []
+
+
+# Imports of the pipeline from the work below it that exist today, each to be moved down (issue 27 step 7:
+# pipeline/versions.py, fetch-and-verify of a released package, moves below its users). The list only shrinks.
+WORK_TO_PIPELINE_TODAY = {
+    "release/stages/intake.py": ("release.pipeline.lineage",),
+    "release/serving/source.py": ("release.pipeline.versions",),
+    "release/canary/registry_mode.py": ("release.pipeline.versions",),
+    "release/gating/run.py": ("release.pipeline.progress", "release.pipeline.versions"),
+    "release/deploy/oci.py": ("release.pipeline.versions",),
+    "release/deploy/facts.py": ("release.pipeline.versions",),
+}
+
+
+def test_the_work_does_not_reach_up_into_the_pipeline() -> None:
+    """The work (stages, serving, memory, canary, lora, gating, deploy, webhook) sits below the pipeline that
+    orchestrates it: no new import of release.pipeline from it."""
+    work = [p for folder in ("stages", "serving", "memory", "canary", "lora", "gating", "deploy", "webhook")
+            for p in modules(f"release/{folder}") if p.name != "cli.py"]
+    found = []
+    for path in work:
+        known = WORK_TO_PIPELINE_TODAY.get(path.relative_to(ROOT).as_posix(), ())
+        found += [hit for hit in offenders([path], ("release.pipeline",))
+                  if not any(hit.endswith(f" imports {k}") or f" imports {k}." in hit for k in known)]
+    assert found == []
+    # and the known list is not stale: each entry still names an import that exists
+    for rel, known in WORK_TO_PIPELINE_TODAY.items():
+        hits = offenders([ROOT / rel], ("release.pipeline",))
+        assert all(any(h.endswith(f" imports {k}") for h in hits) for k in known), rel
+
+
 @pytest.mark.parametrize("rule", ["gates", "mlflow"])
 def test_the_checker_finds_a_planted_import(tmp_path: Path, rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rules above can fail: a module that breaks one is named with its line."""

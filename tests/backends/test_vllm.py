@@ -54,12 +54,20 @@ def relctl(project: Path, *args: str, timeout: float = 1800) -> subprocess.Compl
 def test_vllm_refuses_head_dims_its_cpu_attention_cannot_run() -> None:
     backend = VllmBackend()
     llama = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4}
-    refused = backend.supports(llama)
-    assert not refused.supported and "head_dim 16" in refused.reason and "64 or 128" in refused.reason
-    assert backend.supports({**llama, "hidden_size": 256}).supported
-    assert backend.supports({**llama, "head_dim": 128}).supported
+    assert backend.supports(llama).supported   # the family; the head size is a rule of the device
+    refused = backend.device_problem(llama, "fp32", "cpu")
+    assert refused is not None and "head_dim 16" in refused and "64 or 128" in refused
+    assert backend.device_problem({**llama, "hidden_size": 256}, "fp32", "cpu") is None
+    assert backend.device_problem({**llama, "head_dim": 128}, "bf16", "cpu") is None
+    # vLLM's CUDA kernels take Gemma's head_dim 256: the CPU rule is not applied on cuda.
+    gemma = {"architectures": ["GemmaForCausalLM"], "head_dim": 256, "hidden_size": 2048, "num_attention_heads": 8}
+    assert backend.device_problem(gemma, "bf16", "cuda") is None
+    assert backend.device_problem(gemma, "bf16", "cpu") is not None
     assert not backend.supports({"architectures": ["GPT2LMHeadModel"]}).supported
     assert backend.target_problem("fp16", "cpu") is not None and backend.target_problem("fp32", "cpu") is None
+    # `relctl backends` lists per device what is built: never fp16 on CPU, which check would refuse.
+    assert backend.precisions_for("cpu") == ("fp32", "bf16") and "fp16" in backend.precisions_for("cuda")
+    assert "fp32, bf16 on cpu" in backend.describe() and "fp16, bf16 on cpu" not in backend.describe()
 
 
 def test_a_missing_vllm_environment_is_refused_before_building(monkeypatch: pytest.MonkeyPatch,
@@ -79,7 +87,7 @@ def test_release_yaml_names_vllms_python_and_the_environment_variable_overrides_
     config = tmp_path / "release.yaml"
     config.write_text(yaml.safe_dump({"convert": {"backend": "vllm", "precision": "fp32",
                                                   "vllm": {"python": "engine/bin/python"}}}))
-    assert load_config(config).convert.vllm.python == "engine/bin/python"
+    assert load_config(config).convert.engine_settings("vllm").python == "engine/bin/python"  # type: ignore[union-attr]
     # Relative to release.yaml's folder, and exported so the `relctl serve` children find the same engine.
     assert engine_python() == python and os.environ[PYTHON_ENV] == str(python)
     assert VllmBackend().target_problem("fp32", "cpu") is None
@@ -111,7 +119,7 @@ def test_a_missing_python_in_release_yaml_is_refused_when_the_file_is_read(monke
     assert sorted(p.name for p in project.iterdir()) == ["release.yaml"]
     # A RELCTL_VLLM_PYTHON that is set overrides the file, so the file's path is not checked.
     monkeypatch.setenv(PYTHON_ENV, sys.executable)
-    assert load_config(project / "release.yaml").convert.vllm.python == "no-env/bin/python"
+    assert load_config(project / "release.yaml").convert.engine_settings("vllm").python == "no-env/bin/python"  # type: ignore[union-attr]
 
 
 def test_bf16_for_cpu_is_built_as_bf16_safetensors_and_served_at_bf16(monkeypatch: pytest.MonkeyPatch,
@@ -183,7 +191,7 @@ def test_the_memory_gate_holds_the_vllm_plan_to_the_capacity_vllm_reports(releas
     assert memory["status"] == "pass", memory
     details = memory["details"]
     assert details["engine"] == "vllm" and details["plan"]["engine"] == "vllm"
-    reported = details["reported"]
+    reported = details["plan"]["measured"]
     # vLLM's own start-up line, read from the server the offline gates shared.
     assert "KV cache size:" in reported["log_line"] and reported["max_model_len"] == 128
     planned, logged = reported["planned_tokens"], reported["kv_cache_tokens"]
@@ -192,6 +200,24 @@ def test_the_memory_gate_holds_the_vllm_plan_to_the_capacity_vllm_reports(releas
     assert check["passed"]
     print(f"vLLM KV capacity: planned {planned:,} tokens, vLLM reported {logged:,} ({reported['log_line']}); "
           f"vLLM RSS {reported['resident_bytes']:,} B vs planned replica {reported['planned_bytes']:,} B")
+
+
+def test_the_plans_replica_is_what_vllms_processes_hold(released: dict[str, Any]) -> None:
+    """One figure per replica: the memory gate's plan, the release's memory.per_replica_bytes (what the engines
+    table and `render kserve` use) and the RSS of vLLM's processes (API server, engine core, worker: the
+    process tree, read with psutil) on CPU agree within 15%."""
+    report = json.loads(released["promote"].stdout)
+    memory = next(g for g in report["gates"] if g["gate"] == "memory")
+    measured = memory["details"]["plan"]["measured"]
+    planned, resident = measured["planned_bytes"], measured["resident_bytes"]
+    assert resident and planned == memory["details"]["plan"]["per_replica_bytes"]
+    assert abs(planned - resident) / resident <= 0.15, (planned, resident)
+    # The memory stage's plan (recorded on the version) is the same engine's plan: same weights, processes and
+    # KV pool; only its target differs (serving:), which does not change what a vLLM replica holds on CPU.
+    recorded = report["memory"]
+    assert recorded["engine"] == "vllm" and abs(recorded["per_replica_bytes"] - planned) / planned <= 0.01
+    print(f"vLLM replica: planned {planned:,} B, RSS of its processes {resident:,} B "
+          f"({(planned - resident) / resident:+.1%})")
 
 
 def test_the_package_is_safetensors_for_vllm(released: dict[str, Any], tmp_path: Path) -> None:

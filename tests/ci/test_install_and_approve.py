@@ -85,12 +85,12 @@ def test_a_gpu_runner_installs_cuda_torch_and_the_gpu_extras(tmp_path: Path) -> 
     assert gpu.status == "success", gpu.log
     assert f"installs: relctl[models,gpu] from {SOURCE}; torch from https://download.pytorch.org/whl/cu126" in gpu.log
     # The install replaces the CPU builds the base dependencies pull with the CUDA ones, then checks there is
-    # one build of each (release/memory/gpu_env.py refuses a mixed environment).
+    # one build of each (release/backends/onnxruntime_genai/gpu_env.py refuses a mixed environment).
     wf = yaml.safe_load((REPO / "templates/github-promote.yml").read_text())
     install = next(s for s in wf["jobs"]["promote"]["steps"] if s.get("name") == INSTALL)["run"]
     assert "pip uninstall -y onnxruntime onnxruntime-genai" in install
     assert '--force-reinstall --no-deps "onnxruntime-gpu==$ort" "onnxruntime-genai-cuda==$genai"' in install
-    assert "python -m release.memory.gpu_env" in install
+    assert "python -m release.backends.onnxruntime_genai.gpu_env" in install
     # A repository_dispatch asks for a GPU the same way (client_payload.gpu).
     ctx = contexts()
     ctx["inputs"] = {}

@@ -104,11 +104,12 @@ def test_a_version_that_does_not_exist_exits_2_with_one_line_and_writes_nothing(
 
 
 def test_memory_is_the_versions_memory_plan_plus_the_serving_process(project: Project) -> None:
-    """tiny-llm v1's plan is 3 GiB per replica; relctl serve's process adds 1 GiB (PROCESS_OVERHEAD_BYTES)."""
+    """tiny-llm v1's plan is 3 GiB per replica; relctl serve's process adds 1 GiB (the onnxruntime-genai
+    backend's SERVE_PROCESS_BYTES); vLLM's plan already holds its processes, the pod adds a 512 MiB margin."""
     planned = container(rendered(project, "tiny-llm/1", "--image", IMAGE))["resources"]
     assert planned == {"requests": {"cpu": "1", "memory": f"{4 * 1024}Mi"}, "limits": {"memory": f"{4 * 1024}Mi"}}
     chat = container(rendered(project, "tiny-chat/1", "--image", IMAGE))["resources"]
-    assert chat["limits"]["memory"] == f"{(20 + 4) * 1024}Mi"   # vLLM's process: 4 GiB on top of its plan
+    assert chat["limits"]["memory"] == f"{20 * 1024 + 512}Mi"   # the vllm backend's POD_MARGIN_BYTES on its plan
     given = container(rendered(project, "tiny-llm/1", "--image", IMAGE, "--memory-gib", "6.5"))["resources"]
     assert given["limits"]["memory"] == "6656Mi"
     no_plan = project.relctl("render", "kserve", "tiny-llm/3", "--image", IMAGE)
@@ -178,7 +179,7 @@ def test_a_package_is_not_rendered_for_a_device_it_was_not_built_for(project: Pr
 
 def test_names_are_dns_labels_and_model_names_cannot_change_the_structure() -> None:
     assert service_name("Shop_LLM.v2") == "shop-llm-v2" and service_name("7b") == "m-7b"
-    odd = render_kserve(VersionFacts("a: b\n- c", "5", per_replica_bytes=GIB), KServeOptions(image=IMAGE))
+    odd = render_kserve(VersionFacts("a: b\n- c", "5", memory={"per_replica_bytes": GIB}), KServeOptions(image=IMAGE))
     assert container(odd)["args"] == ["a: b\n- c/5"] and odd["metadata"]["name"] == "a-b-c"
 
 

@@ -53,14 +53,41 @@ def test_a_vllm_version_renders_a_vllm_inferenceservice(project: Project, tmp_pa
 
 
 def test_a_cpu_vllm_deployment_names_its_own_engine_image(project: Project, tmp_path: Path) -> None:
-    fp16_on_cpu = project.relctl("render", "kserve", "tiny-chat/1", "--image", IMAGE, "--gpus", "0")
+    fp16_on_cpu = project.relctl("render", "kserve", "tiny-chat/1", "--image", IMAGE, "--gpus", "0",
+                                 "--allow-unvalidated-device")
     assert fp16_on_cpu.exit_code == 2 and "float16 weights, which vLLM serves on CUDA only" in fp16_on_cpu.stderr
-    no_image = project.relctl("render", "kserve", "tiny-chat/2", "--image", IMAGE, "--gpus", "0")
-    assert no_image.exit_code == 2 and "vllm/vllm-openai is a CUDA image" in no_image.stderr.splitlines()[0]
-    manifest = rendered(project, "tiny-chat/2", "--image", IMAGE, "--gpus", "0", "--engine-image", "REG/vllm-cpu:1")
-    assert container(manifest)["image"] == "REG/vllm-cpu:1" and "--dtype" in container(manifest)["args"]
+    # tiny-chat v2 (fp32) was validated on CPU: that is what it renders for by default, and vllm/vllm-openai is
+    # a CUDA image, so the CPU engine's image must be named.
+    no_image = project.relctl("render", "kserve", "tiny-chat/2", "--image", IMAGE)
+    assert no_image.exit_code == 2 and "no default image for cpu" in no_image.stderr.splitlines()[0]
+    manifest = rendered(project, "tiny-chat/2", "--image", IMAGE, "--engine-image", "REG/vllm-cpu:1")
+    engine = container(manifest)
+    assert engine["image"] == "REG/vllm-cpu:1" and "--dtype" in engine["args"]
     assert "nvidia.com/gpu" not in json.dumps(manifest)
+    assert "relctl/unvalidated-device" not in manifest["metadata"]["annotations"]
+    # The KV pool vLLM takes on CPU is set (as the plan took it), and the limit is the plan's replica (vLLM's
+    # processes included) plus the pod's margin: 2 GiB + 512 MiB.
+    assert {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"} in engine["env"]
+    assert engine["resources"]["limits"]["memory"] == f"{2 * 1024 + 512}Mi"
     assert schema_problems(manifest, tmp_path) == []
+
+
+def test_a_device_the_version_was_not_validated_on_is_refused_unless_asked(project: Project) -> None:
+    """A CPU-validated fp32 vLLM version is not silently rendered for a GPU: only when asked, and then the
+    manifest says so."""
+    refused = project.relctl("render", "kserve", "tiny-chat/2", "--image", IMAGE, "--gpus", "1")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.exit_code == 2 and refused.stdout == "" and len(lines) == 2
+    assert "validated for cpu" in lines[0] and "--allow-unvalidated-device" in lines[1]
+    manifest = rendered(project, "tiny-chat/2", "--image", IMAGE, "--gpus", "1", "--allow-unvalidated-device")
+    assert manifest["metadata"]["annotations"]["relctl/unvalidated-device"] == "cuda (validated on cpu only)"
+    engine = container(manifest)
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in json.dumps(engine.get("env", []))
+    # The same rule for every engine: a CPU onnxruntime-genai build is refused on a GPU node outright.
+    genai = project.relctl("render", "kserve", "tiny-llm/1", "--image", IMAGE, "--gpus", "1",
+                           "--allow-unvalidated-device")
+    assert genai.exit_code == 2 and "cannot run on cuda" in genai.stderr.splitlines()[0]
 
 
 def run_init_container(project: Project, manifest: dict[str, Any], mnt: Path,
@@ -82,7 +109,7 @@ def run_init_container(project: Project, manifest: dict[str, Any], mnt: Path,
 
 def test_the_init_container_verifies_the_package_before_vllm_starts(project: Project, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    manifest = rendered(project, "tiny-chat/2", "--image", IMAGE, "--gpus", "1")
+    manifest = rendered(project, "tiny-chat/2", "--image", IMAGE, "--gpus", "1", "--allow-unvalidated-device")
     done = run_init_container(project, manifest, tmp_path / "mnt", monkeypatch)
     assert done.exit_code == 0, done.output
     model_dir = tmp_path / "mnt" / "package" / "model"
@@ -126,8 +153,9 @@ def test_a_vllm_package_is_not_a_modelcar() -> None:
     from release.deploy.facts import VersionFacts
     from release.deploy.kserve import KServeOptions, render_kserve
 
-    facts = VersionFacts("tiny-chat", "1", "vllm", "cuda", 2**30, f"oci://r.example/m@sha256:{'a' * 64}", 2048,
-                         "float16")
+    facts = VersionFacts("tiny-chat", "1", "vllm", {"model/config.json": {"dtype": "float16",
+                                                                         "max_position_embeddings": 2048}},
+                         {"per_replica_bytes": 2**30}, f"oci://r.example/m@sha256:{'a' * 64}")
     with pytest.raises(InputError, match="init container cannot see a ModelCar"):
         render_kserve(facts, KServeOptions(image=IMAGE, modelcar=True))
     pinned = render_kserve(facts, KServeOptions(image=IMAGE))

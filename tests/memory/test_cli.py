@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from release.backends.onnxruntime_genai.plan import Target, breakdown
+from release.backends.onnxruntime_genai.verdict import load_spec
 from release.cli import cli
-from release.memory.plan import Target, breakdown
-from release.memory.verdict import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MISTRAL = str(FIXTURES / "mistral-7b.json")
@@ -97,7 +97,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str, message: st
 
 
 def test_a_package_is_planned_from_its_own_initializers(tmp_path: Path, built: dict[str, Path]) -> None:
-    from release.memory.package import read_package
+    from release.backends.package_facts import read_package
 
     code, out, _ = plan(str(built["int4"]), "--memory-gib", "2", "--provider", "cpu", "--concurrency", "2",
                         "--context", "128", "--json", project=tmp_path)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from release.memory.families import FAMILIES
-from release.memory.shape import parameter_count, shape_from_config
+from release.backends.families import FAMILIES
+from release.backends.shape import parameter_count, shape_from_config
 
 BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 6, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,

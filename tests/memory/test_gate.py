@@ -11,12 +11,12 @@ from onnx import TensorProto, helper, save
 
 from gates.base import GateContext, ProductionRef
 from gates.memory import MemoryGate
+from release.backends.onnxruntime_genai.plan import breakdown, max_concurrency
+from release.backends.onnxruntime_genai.verdict import load_spec
+from release.backends.shape import builder_weights_bytes, shape_from_config
 from release.core.errors import ConfigError
 from release.gating.plugins import validate_block
-from release.memory.plan import breakdown, max_concurrency
 from release.memory.settings import MemoryConfig
-from release.memory.shape import builder_weights_bytes, shape_from_config
-from release.memory.verdict import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

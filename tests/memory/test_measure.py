@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from release.backends.onnxruntime_genai.gpu_env import check_ort_builds
+from release.backends.onnxruntime_genai.plan import ModelSpec, Target, breakdown
+from release.backends.package_facts import read_package
+from release.backends.shape import shape_from_config
 from release.core.errors import InputError
-from release.memory.gpu_env import check_ort_builds
 from release.memory.measure import measure_cold_starts, measure_run
-from release.memory.package import read_package
-from release.memory.plan import ModelSpec, Target, breakdown
-from release.memory.shape import shape_from_config
 
 # benchmarks/memory.py measured -10% .. +4% on prefill rows and -68% .. -2% on decode rows (at most 13 MiB);
 # the test allows a generous 50% so a busy machine does not flake, and still fails a wrong formula (the KV
@@ -61,9 +61,10 @@ def test_both_ort_builds_in_one_environment_are_refused(tmp_path: Path, monkeypa
 
 
 def test_the_environment_check_exits_2_with_one_line(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(_fake_gpu_build(tmp_path))}
-    done = subprocess.run([sys.executable, "-m", "release.memory.gpu_env"], capture_output=True, text=True, env=env,
-                          check=False)
+    root = Path(__file__).resolve().parents[2]  # this checkout's release/, behind the fake build
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_fake_gpu_build(tmp_path)), str(root)])}
+    done = subprocess.run([sys.executable, "-m", "release.backends.onnxruntime_genai.gpu_env"], capture_output=True,
+                          text=True, env=env, check=False)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 2
     assert lines[0].startswith("error: environment holds both onnxruntime")

@@ -7,10 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from release.backends.onnxruntime_genai.plan import (
+    GIB,
+    RUNTIME_OVERHEAD_BYTES,
+    Target,
+    breakdown,
+    max_concurrency,
+    max_context,
+)
+from release.backends.onnxruntime_genai.verdict import load_spec, make_plan
 from release.core.errors import InputError
 from release.memory.catalogue import GpuSpec, find_gpu, load_catalogue
-from release.memory.plan import GIB, RUNTIME_OVERHEAD_BYTES, Target, breakdown, max_concurrency, max_context
-from release.memory.verdict import load_spec, make_plan
 
 LLAMA3 = Path(__file__).parent / "fixtures" / "llama-3-8b.json"
 TARGET = Target(memory_gib=80, concurrency=16, context=8192, gpu_name="H100-80GB")
@@ -66,8 +73,8 @@ def test_catalogue_additions_override_and_unknown_names_get_a_suggestion() -> No
 def test_a_converted_folder_is_planned_before_packaging(built: dict[str, Path]) -> None:
     import json
 
-    from release.memory.package import read_package
-    from release.memory.verdict import spec_from_folder
+    from release.backends.onnxruntime_genai.verdict import spec_from_folder
+    from release.backends.package_facts import read_package
 
     facts = read_package(built["int8"])
     spec = spec_from_folder(facts.model_dir, json.loads((built["int8"] / "source" / "config.json").read_text()))

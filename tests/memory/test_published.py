@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from release.backends.onnxruntime_genai.plan import breakdown
+from release.backends.onnxruntime_genai.verdict import load_spec
+from release.backends.planning import Target, kv_bytes_per_sequence, kv_bytes_per_token
+from release.backends.shape import parameter_count, shape_from_config
 from release.cli import cli
-from release.config import ServingConfig
 from release.core.errors import InputError
-from release.memory.compat import estimate_memory
-from release.memory.plan import Target, breakdown, kv_bytes_per_sequence
-from release.memory.shape import parameter_count, shape_from_config
-from release.memory.verdict import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Published exact counts (model cards, `model.num_parameters()`).
@@ -153,14 +152,13 @@ def test_an_architecture_the_plan_does_not_know_is_unsupported(tmp_path: Path, c
     assert code == 2 and out == "" and len(lines) == 2
     assert lines[0].startswith("error: config.json: unsupported architecture: ") and reason in lines[0]
     assert lines[1].startswith("hint: the memory plan knows ") and "deepseek_v2" in lines[1]
-    # promote's memory stage (the `serving:` estimate) refuses it too, before any figure is written.
+    # every engine's plan reads the shape first, so each refuses it, before any figure is written.
     with pytest.raises(InputError, match="unsupported architecture"):
-        estimate_memory(case, 10**9, ServingConfig(), kv_dtype_bytes=2)
+        shape_from_config(case)
 
 
-def test_promotes_memory_estimate_knows_mla_and_windows() -> None:
-    serving = ServingConfig(concurrency=2, context_tokens=8192, gpu_memory_gib=80)
-    assert estimate_memory(config("deepseek-v2-lite"), 0, serving, 2).kv_bytes_per_token == 31_104
-    gemma = estimate_memory(config("gemma-2-9b"), 0, serving, 2)
-    assert gemma.kv_bytes_per_token == 344_064
-    assert gemma.kv_cache_bytes == 2 * 8 * 256 * 2 * (21 * 8192 + 21 * 4096) * 2
+def test_the_shared_kv_arithmetic_knows_mla_and_windows() -> None:
+    assert kv_bytes_per_token(shape_from_config(config("deepseek-v2-lite")), 2) == 31_104
+    gemma = shape_from_config(config("gemma-2-9b"))
+    assert kv_bytes_per_token(gemma, 2) == 344_064
+    assert kv_bytes_per_sequence(gemma, 2, 8192) * 2 == 2 * 8 * 256 * 2 * (21 * 8192 + 21 * 4096) * 2

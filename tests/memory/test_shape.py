@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from release.backends.onnxruntime_genai.plan import Target, breakdown, kv_bytes_per_token
+from release.backends.onnxruntime_genai.verdict import load_spec
+from release.backends.package_facts import read_package
+from release.backends.shape import builder_weights_bytes, parameter_count, shape_from_config
 from release.core.errors import InputError
-from release.memory.package import read_package
-from release.memory.plan import Target, breakdown, kv_bytes_per_token
-from release.memory.shape import builder_weights_bytes, parameter_count, shape_from_config
-from release.memory.verdict import load_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Published parameter counts (model cards / num_parameters()).

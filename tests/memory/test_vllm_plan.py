@@ -13,14 +13,14 @@ from click.testing import CliRunner
 
 from gates.base import GateContext
 from gates.memory import MemoryGate
+from release.backends.onnxruntime_genai.plan import GIB, Target
+from release.backends.onnxruntime_genai.plan import breakdown as genai_breakdown
+from release.backends.onnxruntime_genai.verdict import load_spec as genai_spec
+from release.backends.shape import parameter_count, shape_from_config
+from release.backends.vllm import plan as vllm_plan
 from release.backends.vllm.engine import kv_cache_report
 from release.cli import cli
-from release.memory import vllm_plan
-from release.memory.plan import GIB, Target
-from release.memory.plan import breakdown as genai_breakdown
 from release.memory.settings import MemoryConfig
-from release.memory.shape import parameter_count, shape_from_config
-from release.memory.verdict import load_spec as genai_spec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # Llama-3-8B's published shape (meta-llama/Meta-Llama-3-8B config.json).
@@ -163,8 +163,13 @@ def test_release_yaml_convert_backend_picks_the_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--engine", "vllm", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization: 1.5 is not in (0, 1]"),
-    (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization is a vLLM setting"),
+    (["--engine", "vllm", "-o", "gpu_memory_utilization=1.5"], "gpu_memory_utilization: Input should be less than "
+                                                               "or equal to 1 (a vllm plan option)"),
+    (["-o", "gpu_memory_utilization=0.5"], "gpu_memory_utilization: the onnxruntime-genai plan takes no engine "
+                                           "options"),
+    (["--engine", "vllm", "-o", "gpu_memory_utilisation=0.5"], "gpu_memory_utilisation: Extra inputs are not "
+                                                               "permitted"),
+    (["--engine", "not-an-engine"], "backend 'not-an-engine' is not installed"),
     (["--engine", "vllm", "--precision", "int4"], "vLLM plans fp32, fp16, bf16, not int4"),
     (["--engine", "vllm", "--context", "16384"], "beyond the model's max_position_embeddings 8192"),
 ])
@@ -197,7 +202,8 @@ def test_the_memory_gate_plans_a_vllm_package_with_the_vllm_plan(tmp_path: Path)
     plan = result.details["plan"]
     assert result.details["engine"] == "vllm" and plan["model"]["weights_source"] == "package"
     assert plan["breakdown"]["weights"] == weights and plan["rollout"]["gpus_during_rollout"] == 2
-    assert "not measured" in result.details["reported"]["note"]   # a GPU plan; vLLM here runs on CPU
+    assert "not measured" in plan["measured"]["note"]   # a GPU plan; vLLM here runs on CPU
+    assert plan["per_replica_bytes"] == plan["breakdown"]["peak"]  # one figure per replica (a surge: no overlap)
     assert result.reason.startswith("fits on vLLM")
     blocked = MemoryGate(cfg.model_copy(update={"concurrency": 128})).run(context)
     assert blocked.status == "fail" and "does not fit on vLLM" in blocked.reason

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from release.backends.shape import parameter_count, shape_from_config
 from release.cli import cli
 from release.core.errors import EXIT_BAD_INPUT
-from release.memory.shape import parameter_count, shape_from_config
 from release.pipeline.resources import Machine, needs, shortfalls
 from tests.conftest import load_train_module
 from tests.memlimit import run_limited

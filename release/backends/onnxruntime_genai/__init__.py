@@ -17,15 +17,20 @@ from release.backends.base import (
     Backend,
     BatchProbe,
     Deploy,
+    Deployment,
     ExportResult,
     Flavour,
+    FlavourModel,
     LoadedModel,
     MemoryFacts,
     Support,
+    TensorInfo,
     architecture,
     unnamed_architecture,
 )
 from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
+from release.backends.planning import GIB, EnginePlan, Target, check_context
+from release.core.errors import InputError
 from release.core.units import size
 
 if TYPE_CHECKING:
@@ -42,14 +47,19 @@ GENAI_COMBINATIONS = frozenset({
     ("int4", "cpu"), ("int4", "cuda"),
 })
 TOOLS = ("onnxruntime-genai", "onnx", "onnxruntime")
+# relctl serve's own process beside the plan's model memory (Python, its HTTP stack, ONNX Runtime's
+# libraries), rounded up: a limit that is too tight is an OOM kill mid-traffic.
+SERVE_PROCESS_BYTES = 1 * GIB
 
 
 class OnnxruntimeGenaiBackend(Backend):
     id = "onnxruntime-genai"
+    display_name = "ONNX"
     distribution = "onnxruntime-genai"
     precisions = ("fp32", "fp16", "int8", "int4")
     execution_providers = ("cpu", "cuda")
     runtime_files = (GENAI_CONFIG, MODEL_FILE)
+    deploy_files = (f"model/{GENAI_CONFIG}",)
     # Validated against PyTorch on the checkpoint: no fp32 ONNX is built only to be compared with, and an
     # fp32 release is compared with numbers it did not compute itself.
     reference_from_checkpoint = True
@@ -71,7 +81,7 @@ class OnnxruntimeGenaiBackend(Backend):
         # The graph alone marks a genai build: the memory plan reads a folder that has nothing else.
         return (model_dir / MODEL_FILE).is_file()
 
-    def target_problem(self, precision: str, execution_provider: str) -> str | None:
+    def target_problem(self, precision: str, execution_provider: str, check_env: bool = True) -> str | None:
         problem = super().target_problem(precision, execution_provider)
         if problem is None and (precision, execution_provider) not in GENAI_COMBINATIONS:
             return (f"{precision} on execution provider '{execution_provider}' is not a combination its builder "
@@ -110,11 +120,46 @@ class OnnxruntimeGenaiBackend(Backend):
         return data
 
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts:
-        from release.memory.package import read_model_folder  # noqa: PLC0415 - loads onnx
+        from release.backends.onnxruntime_genai.folder import read_model_folder  # noqa: PLC0415 - loads onnx
 
-        facts = read_model_folder(model_dir, {}, declared_precision)
-        return MemoryFacts(weights_bytes=facts.weights_bytes, kv_dtype_bytes=facts.kv_dtype_bytes,
-                           precision=facts.precision, provider=facts.provider)
+        return read_model_folder(model_dir, declared_precision)
+
+    def plan(self, source: Path, target: Target, precision: str | None = None,
+             settings: dict[str, Any] | None = None, measure: bool = False,
+             overlap_bytes: int | None = None) -> EnginePlan:
+        """The KV cache sized for the load (past_present_share_buffer: max_length for every sequence), the
+        largest forward pass's workspace and the runtime's overhead (release/backends/onnxruntime_genai/plan.py);
+        the precisions that would fit instead. Nothing to measure against here: benchmarks/memory.py fits it."""
+        from release.backends.onnxruntime_genai.verdict import engine_plan, load_spec, make_plan  # noqa: PLC0415
+        from release.backends.shape import PRECISIONS  # noqa: PLC0415
+
+        if settings:
+            raise InputError(f"{next(iter(settings))}: the {self.id} plan takes no engine options",
+                             hint="drop the option (relctl plan --help lists each engine's)")
+        if precision is not None and precision not in PRECISIONS:
+            raise InputError(f"--precision: the {self.id} plan lays out {', '.join(PRECISIONS)}, not {precision}",
+                             hint=f"plan one of {', '.join(PRECISIONS)}")
+        spec = load_spec(source, precision, target.provider)
+        check_context(spec.shape, target.context)
+        return engine_plan(make_plan(spec, target, overlap_bytes), self.id)
+
+    def plot_plan(self, plan: EnginePlan, out: Path) -> Path:
+        from release.backends.onnxruntime_genai.plot import plot_plan  # noqa: PLC0415 - loads matplotlib
+
+        overlap = plan.native.breakdown.overlap if plan.target.rollout_overlap else None
+        return plot_plan(plan.native, out, overlap)
+
+    def plan_lines(self, plan: EnginePlan) -> list[str]:
+        from release.backends.onnxruntime_genai.verdict import plan_lines  # noqa: PLC0415
+
+        return plan_lines(plan.native)
+
+    def check_environment(self, model_dir: Path | None = None, device: str = "cpu") -> None:
+        from release.backends.onnxruntime_genai.gpu_env import check_ort_builds, require_cuda  # noqa: PLC0415
+
+        check_ort_builds()  # two ORT builds in one environment would time the wrong runtime
+        if device == "cuda" and model_dir is not None:
+            require_cuda(model_dir / MODEL_FILE)  # the provider a session really runs on, not the available list
 
     def batch_probe(self, model_dir: Path, provider: str) -> BatchProbe | None:
         from release.backends.onnxruntime_genai.measure import GenaiBatchProbe, cuda_available  # noqa: PLC0415
@@ -132,8 +177,49 @@ class OnnxruntimeGenaiBackend(Backend):
         return Flavour("onnx", model_file=MODEL_FILE, pip_requirements=tuple(f"{n}=={v}" for n, v in
                                                                              tool_versions().items()))
 
+    def flavour_model(self, model_dir: Path) -> FlavourModel:
+        """MLflow's onnx flavour of model.onnx: the graph without its weights (its initializers still point at
+        their external-data files, which are logged beside it as they are) and a named signature."""
+        import numpy as np  # noqa: PLC0415
+        import onnx  # noqa: PLC0415 - only registering a version needs it
+
+        graph = onnx.load(str(model_dir / MODEL_FILE), load_external_data=False)
+
+        def info(value: Any) -> TensorInfo:
+            ttype = value.type.tensor_type
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)).name
+            return TensorInfo(value.name, dtype, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                                      for d in ttype.shape.dim))
+
+        data = sorted({e.value for tensor in graph.graph.initializer for e in tensor.external_data
+                       if e.key == "location"})
+        return FlavourModel(model=graph, inputs=tuple(info(v) for v in graph.graph.input),
+                            outputs=tuple(info(v) for v in graph.graph.output),
+                            side_files=tuple(model_dir / name for name in data),
+                            log_options={"save_as_external_data": False})
+
     def deploy(self) -> Deploy:
         return Deploy(image="relctl-serve", dockerfile="Dockerfile", requirements=TOOLS)
+
+    def deployment(self, files: dict[str, dict[str, Any]], memory: dict[str, float],
+                   device: str | None = None) -> Deployment:
+        """relctl serve runs it, only on the device genai_config.json names: the builder bakes the execution
+        provider into the graph (a CPU build on a GPU node would run on its CPU; a CUDA build does not load
+        without one)."""
+        built = provider_of(files.get(f"model/{GENAI_CONFIG}", {}))
+        per_replica = memory.get("per_replica_bytes")
+        why = ("was built for CPU (execution provider cpu): on a GPU node it would run on the node's CPU"
+               if built == "cpu" else "was built for CUDA (execution provider cuda), which does not load without a GPU")
+        return Deployment(validated_device=built, runs_on=(built,), template="kserve-inferenceservice.yaml",
+                          memory_bytes=int(per_replica) + SERVE_PROCESS_BYTES if per_replica else None,
+                          why_not=why)
+
+
+def provider_of(genai_config: dict[str, Any]) -> str:
+    """onnxruntime-genai names the execution provider it was built for in its decoder's session options."""
+    options = genai_config.get("model", {}).get("decoder", {}).get("session_options", {})
+    providers = [name for entry in options.get("provider_options", []) for name in entry]
+    return "cuda" if "cuda" in providers else "cpu"
 
 
 def tool_versions() -> dict[str, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from release.serving.jobs import Finished, Job, StopMatcher, deliver, sampled
+from release.backends.jobs import Finished, Job, StopMatcher, deliver, sampled
 
 log = logging.getLogger("relctl.serve")
 

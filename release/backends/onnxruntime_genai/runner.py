@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.onnxruntime_genai.batching import BatchEngine
 from release.backends.onnxruntime_genai.model import kv_floor, open_tokenizer, read_genai_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
-from release.serving.jobs import Job, StopMatcher, emit_text, sampled
-from release.serving.protocol import ModelLimits
 
 log = logging.getLogger("relctl.serve")
 

@@ -20,9 +20,8 @@ import httpx
 from tokenizers import Tokenizer
 
 from release.backends.folder_facts import model_facts
+from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.vllm.engine import EngineProcess, free_port, log_path
-from release.serving.jobs import Job, StopMatcher, emit_text, sampled
-from release.serving.protocol import ModelLimits
 
 if TYPE_CHECKING:
     from release.backends.vllm import VllmBackend

@@ -86,7 +86,8 @@ def bench_command() -> None:
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, help="per-request timeout (s)")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="SSE streaming (needed for TTFT/ITL)")
 @click.option("--ignore-eos/--respect-eos", default=True, show_default=True,
-              help="ask for exactly output_tokens tokens (vLLM's ignore_eos)")
+              help="ask for exactly output_tokens tokens (the ignore_eos extension of OpenAI-compatible "
+                   "engine servers)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of arrivals and sampled rows")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="unrecorded warm-up requests")
 @click.option("--slo", "slo_pairs", multiple=True, metavar="KEY=VALUE",

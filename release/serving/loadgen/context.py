@@ -37,7 +37,7 @@ def models_url(base_url: str) -> str:
 
 
 def discover(base_url: str, timeout_s: float = 10.0) -> EndpointInfo:
-    """GET /v1/models: the first model's id and `max_model_len` (vLLM and relctl serve report it)."""
+    """GET /v1/models: the first model's id and `max_model_len` (engine servers and relctl serve report it)."""
     # urllib, not httpx: importing httpx and building its TLS context cost `relctl bench` ~0.25 s of CPU
     # before its first request, for one GET.
     try:

@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 
 from release.backends.base import Backend, Deploy, ExportResult, Generation, MemoryFacts, Support
+from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
+from release.backends.package_facts import read_package
+from release.backends.planning import MIB, EnginePlan, Target, hidden_activation_bytes, sized_per_load_plan
+from release.backends.shape import shape_from_config
+from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
-from release.serving.jobs import Job, StopMatcher, emit_text, sampled
-from release.serving.protocol import ModelLimits
 
 FAMILIES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -58,6 +61,20 @@ class TorchEagerBackend(Backend):
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts:
         weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
         return MemoryFacts(weights_bytes=weights, kv_dtype_bytes=4, precision="fp32", provider="cpu")
+
+    def plan(self, source: Path, target: Target, precision: str | None = None,
+             settings: dict[str, Any] | None = None, measure: bool = False,
+             overlap_bytes: int | None = None) -> EnginePlan:
+        """transformers' dynamic cache grows with the context (sized per load), fp32 activations of a full
+        prefill, and the Python + torch process (a stated 300 MiB)."""
+        if not source.is_dir() or settings:
+            raise InputError(f"{source}: the torch-eager plan reads a built package and takes no options",
+                             hint="plan a package folder")
+        facts = read_package(source)
+        shape = shape_from_config(facts.config)
+        return sized_per_load_plan(self.id, shape, "fp32", facts.weights_bytes, 4, target, 300 * MIB,
+                                   lambda batch, context: hidden_activation_bytes(shape, batch * context, 4),
+                                   overlap_bytes)
 
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> EagerRunner:
         return EagerRunner(EagerModel(model_dir))

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from release.core.units import size
-from release.memory.package import PackageFacts, read_config_file, read_model_folder, read_package
-from release.memory.plan import (
+from release.backends.onnxruntime_genai.folder import read_model_folder
+from release.backends.onnxruntime_genai.plan import (
     VALID,
     Breakdown,
     ModelSpec,
-    Target,
     breakdown,
     gpus_needed,
     max_concurrency,
@@ -21,7 +19,10 @@ from release.memory.plan import (
     parameters,
     spec_at,
 )
-from release.memory.shape import Precision, Provider, shape_from_config
+from release.backends.package_facts import PackageFacts, read_config_file, read_package
+from release.backends.planning import GIB, Check, EnginePlan, Target
+from release.backends.shape import Precision, Provider, shape_from_config
+from release.core.units import size
 
 
 @dataclass(frozen=True)
@@ -129,15 +130,72 @@ def load_spec(path: Path, precision: Precision | None, provider: Provider) -> Mo
 
 def spec_from_facts(facts: PackageFacts, source: str = "config.json") -> ModelSpec:
     """The ModelSpec of a built model: its own initializer bytes, precision and KV dtype."""
-    return ModelSpec(shape_from_config(facts.config, source), facts.precision, facts.weights_bytes,
+    return ModelSpec(shape_from_config(facts.config, source), cast(Precision, facts.precision), facts.weights_bytes,
                      facts.kv_dtype_bytes, "package")
 
 
 def spec_from_folder(model_dir: Path, config: dict[str, Any], precision: Precision | None = None) -> ModelSpec:
     """The ModelSpec of a converted folder before it is packaged (promote's validate stage)."""
-    return spec_from_facts(read_model_folder(model_dir, config, precision))
+    facts = read_model_folder(model_dir, precision)
+    return ModelSpec(shape_from_config(config), cast(Precision, facts.precision), facts.weights_bytes,
+                     facts.kv_dtype_bytes, "package")
+
+
+def engine_plan(plan: MemoryPlan, engine: str) -> EnginePlan:
+    """The plan in the contract's terms (release/backends/planning.py): what every reader of a plan uses."""
+    b, t = plan.breakdown, plan.target
+    fit = Check("peak_gib", round(b.peak / GIB, 3), "<=", round(b.budget / GIB, 3), plan.fits,
+                "" if plan.fits else plan.summary())
+    return EnginePlan(
+        engine=engine, fits=plan.fits, summary=plan.summary(), target=t, precision=plan.spec.precision,
+        weights_bytes=b.weights, kv_bytes_per_token=b.kv_bytes_per_token, kv_cache_bytes=b.kv_cache,
+        kv_capacity_tokens=None, activations_bytes=b.workspace, overhead_bytes=b.overhead,
+        per_replica_bytes=b.replica, peak_bytes=b.peak, budget_bytes=b.budget, capacity_bytes=b.capacity,
+        max_concurrency=plan.max_concurrency, max_context=plan.max_context,
+        rollout_devices=t.gpus if t.rollout_overlap else 2 * t.gpus, checks=(fit,),
+        details=plan.to_dict(), native=plan)
 
 
 def with_target(plan: MemoryPlan, **changes: Any) -> MemoryPlan:
     """The same spec re-planned on a changed target (used by the plot)."""
     return make_plan(plan.spec, replace(plan.target, **changes))
+
+
+def _model_line(plan: MemoryPlan) -> str:
+    """The architecture facts the figures rest on: parameters (active ones for MoE) and KV per token."""
+    s, b = plan.spec.shape, plan.breakdown
+    total, active = parameters(plan.spec), parameters(plan.spec, active=True)
+    params = f"{s.family}, {total:,} parameters" + (
+        f" ({active:,} active: {s.experts_per_token} of {s.experts} experts)" if active != total else "")
+    kv = f"KV {b.kv_bytes_per_token:,} bytes/token" + (" (MLA latent)" if s.mla else "")
+    if s.window_cache_layers:
+        kv += (f"; {s.window_cache_layers} of {s.layers} layers cache at most {s.sliding_window:,} tokens "
+               f"({b.kv_bytes_per_token_beyond_window:,} bytes/token beyond them)")
+    elif s.sliding_layers:
+        kv += (f"; attention slides over {s.sliding_window:,} tokens but the cache holds the whole context "
+               "(onnxruntime-genai bounds only layer_types' sliding layers)")
+    return f"{params}; {kv}"
+
+
+def plan_lines(plan: MemoryPlan) -> list[str]:
+    """The plan as `relctl plan` prints it."""
+    lines: list[str] = []
+    b, t = plan.breakdown, plan.target
+    source = "the package" if plan.spec.weights_source == "package" else "config.json"
+    device = t.gpu_name or f"{t.memory_gib:g} GiB"
+    lines.append(f"{plan.spec.precision} weights from {source}, {t.concurrency} x {t.context} tokens "
+               f"on {t.gpus} x {device}")
+    lines.append(f"  {_model_line(plan)}")
+    for label, value in (("weights", b.weights), ("KV cache", b.kv_cache), ("workspace", b.workspace),
+                         ("overhead", b.overhead), ("rollout overlap", b.overlap), ("peak", b.peak),
+                         ("budget", b.budget), ("capacity", b.capacity), ("headroom", b.headroom_bytes)):
+        lines.append(f"  {label:16s}{size(value, width=9)}")
+    lines.append(("✓ " if plan.fits else "✗ ") + plan.summary())
+    if t.prefill_tokens is None and b.workspace > b.kv_cache:
+        lines.append(f"  note: the workspace assumes all {t.concurrency} sequences prefill {t.context} tokens at once "
+                   "(onnxruntime-genai's batch); --prefill-tokens plans shorter prompts")
+    for alt in plan.alternatives:
+        lines.append(f"  {alt.precision:5s} {'fits' if alt.fits else 'no  '}  peak {size(alt.peak_bytes, width=9)}, "
+                   f"max concurrency {alt.max_concurrency} at {t.context}, max context {alt.max_context} "
+                   f"at {t.concurrency}")
+    return lines

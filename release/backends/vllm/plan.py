@@ -1,4 +1,4 @@
-"""The memory plan of one vLLM replica: weights, then paged KV blocks in what is left of
+"""vLLM's memory plan of one replica: weights, then paged KV blocks in what is left of
 gpu_memory_utilization, as vLLM 0.32.0 sizes them at start-up (read from its source, cited per figure).
 
 vLLM does not size its KV cache for a load; it takes a share of the device and fills the rest with blocks
@@ -26,9 +26,8 @@ Figures the formula takes from elsewhere, each stated:
 - CUDA graphs: an explicit allowance (CUDA_GRAPH_ALLOWANCE_BYTES), not measured here: vLLM profiles the
   graphs' memory at start-up (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) and takes it from the KV pool;
   none on CPU (vLLM's CPU platform captures no graphs).
-- Overhead: the CUDA context and libraries' handles (plan.RUNTIME_OVERHEAD_BYTES, shared with the
-  onnxruntime-genai plan); on CPU the three processes vLLM runs (API server, engine core, worker) with torch
-  imported (VLLM_CPU_PROCESS_BYTES, measured).
+- Overhead: the CUDA context and libraries' handles (CUDA_OVERHEAD_BYTES, stated); on CPU the three
+  processes vLLM runs (API server, engine core, worker) with torch imported (VLLM_CPU_PROCESS_BYTES, measured).
 On GPU, 1 - gpu_memory_utilization is the memory the plan leaves free (target.headroom is not applied); on
 CPU, where vLLM's pool is explicit, the replica must fit within memory x (1 - headroom).
 
@@ -44,19 +43,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from release.core.errors import InputError
-from release.core.units import size
-from release.memory.plan import (
+from release.backends.planning import (
     GIB,
     KV_DTYPE_BYTES,
-    RUNTIME_OVERHEAD_BYTES,
     Target,
     check_context,
     hidden_activation_bytes,
     kv_bytes_per_token,
     largest,
 )
-from release.memory.shape import ModelShape, parameter_count
+from release.backends.shape import ModelShape, parameter_count
+from release.core.errors import InputError
+from release.core.units import size
 
 ENGINE = "vllm"
 VllmPrecision = Literal["fp32", "fp16", "bf16"]
@@ -71,6 +69,8 @@ CUDA_GRAPH_ALLOWANCE_BYTES: dict[str, int] = {"cuda": 1 * GIB, "cpu": 0}
 # Measured: vLLM 0.32.0 serving the e2e example on CPU held 3,088,420,864 B of RSS summed over its processes
 # (shared pages counted in each), 1.85 GiB beyond its weights and its 1 GiB pool; rounded up.
 VLLM_CPU_PROCESS_BYTES = 2 * GIB
+# The CUDA context and cuBLAS/cuDNN handles of the worker: stated, not measured here (no GPU).
+CUDA_OVERHEAD_BYTES = 768 * 1024**2
 
 
 def default_batch_limits(provider: str, memory_gib: float, gpu_name: str | None) -> tuple[int, int]:
@@ -125,13 +125,13 @@ class VllmSpec:
 
 
 def check_precision(precision: str, provider: str) -> VllmPrecision:
-    """A dtype vLLM runs on `provider` (its CPU build here serves fp32: release/backends/vllm)."""
+    """A dtype vLLM runs on `provider` (its CPU build here serves fp32 and bf16: release/backends/vllm)."""
     if precision not in VLLM_PRECISIONS:
         raise InputError(f"--precision: vLLM plans {', '.join(VLLM_PRECISIONS)}, not {precision}",
                          hint="quantized vLLM formats are not planned yet; plan fp16 or bf16")
-    if provider == "cpu" and precision != "fp32":
-        raise InputError(f"--precision: vLLM's CPU build serves fp32 here, not {precision}",
-                         hint="plan fp32 on cpu, or fp16/bf16 with --gpu")
+    if provider == "cpu" and precision == "fp16":
+        raise InputError("--precision: vLLM's CPU build here serves fp32 and bf16, not fp16",
+                         hint="plan fp32 or bf16 on cpu, or fp16 with --gpu")
     return precision  # narrowed by the membership test above
 
 
@@ -242,7 +242,7 @@ def breakdown(spec: VllmSpec, target: Target, settings: VllmSettings,
     gpus = target.gpus
     activations = activation_bytes(spec, r.batched, r.seqs) * gpus
     graphs = CUDA_GRAPH_ALLOWANCE_BYTES[target.provider] * gpus
-    overhead = (RUNTIME_OVERHEAD_BYTES["cuda"] if target.provider == "cuda" else VLLM_CPU_PROCESS_BYTES) * gpus
+    overhead = (CUDA_OVERHEAD_BYTES if target.provider == "cuda" else VLLM_CPU_PROCESS_BYTES) * gpus
     non_kv = spec.weights_bytes + activations + graphs + overhead
     capacity = target.capacity_bytes
     if target.provider == "cpu":
@@ -393,8 +393,8 @@ def load_spec(path: Path, precision: str | None, provider: str) -> VllmSpec:
     """A vLLM package (weights: its safetensors bytes), another engine's package (weights from its
     config.json at the precision) or a config.json. Default precision: the package's, else fp16 on GPU and
     fp32 on CPU."""
-    from release.memory.package import read_config_file, read_package  # noqa: PLC0415 - reads onnx packages
-    from release.memory.shape import shape_from_config  # noqa: PLC0415
+    from release.backends.package_facts import read_config_file, read_package  # noqa: PLC0415 - entry points
+    from release.backends.shape import shape_from_config  # noqa: PLC0415
 
     if path.is_file():
         shape = shape_from_config(read_config_file(path), path.name)
@@ -407,3 +407,31 @@ def load_spec(path: Path, precision: str | None, provider: str) -> VllmSpec:
         return VllmSpec(shape, check_precision(facts.precision, provider), facts.weights_bytes, "package")
     default = facts.precision if facts.precision in VLLM_PRECISIONS else "fp16" if provider == "cuda" else "fp32"
     return VllmSpec.from_config(shape, check_precision(precision or default, provider))
+
+
+def plan_lines(plan: VllmPlan) -> list[str]:
+    """The plan as `relctl plan` prints it."""
+    lines: list[str] = []
+    b, t, s = plan.breakdown, plan.target, plan.spec
+    source = "the package" if s.weights_source == "package" else "config.json"
+    device = t.gpu_name or f"{t.memory_gib:g} GiB"
+    share = (f"gpu_memory_utilization {plan.settings.gpu_memory_utilization:g}" if plan.settings.kv_cache_bytes is None
+             else f"explicit KV pool {size(plan.settings.kv_cache_bytes)}")
+    lines.append(f"vLLM: {s.precision} weights from {source}, {t.concurrency} x {t.context:,} tokens on {t.gpus} x "
+               f"{device} ({share})")
+    params = parameter_count(plan.spec.shape)
+    lines.append(f"  {s.shape.family}, {params:,} parameters; KV {b.kv_bytes_per_token:,} bytes/token"
+               f"{' (MLA latent)' if s.shape.mla else ''}; blocks of {b.block_size} tokens "
+               f"({b.page_bytes:,} bytes); chunked prefill {plan.batched_tokens:,} tokens, "
+               f"max_num_seqs {plan.max_num_seqs}")
+    rows = (("weights", b.weights), ("activations", b.activations), ("CUDA graphs", b.cuda_graphs),
+            ("overhead", b.overhead), ("KV pool", b.kv_pool), ("KV needed", b.kv_needed),
+            ("KV headroom", b.kv_headroom), ("rollout overlap", b.overlap), ("budget", b.budget),
+            ("capacity", b.capacity), ("headroom", b.headroom_bytes))
+    for label, value in rows:
+        lines.append(f"  {label:16s}{size(value, width=9)}")
+    lines.append(f"  as vLLM logs it: {plan.log_line()}")
+    lines.append(("✓ " if plan.fits else "✗ ") + plan.summary())
+    lines.append("  note: CUDA graphs are a stated allowance (vLLM profiles them at start-up)"
+               if t.provider == "cuda" else "  note: on CPU the KV pool is VLLM_CPU_KVCACHE_SPACE, taken whole")
+    return lines

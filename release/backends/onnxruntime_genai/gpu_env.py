@@ -61,7 +61,8 @@ def require_cuda(model_file: Path) -> None:
 
 
 def main() -> None:
-    """`python -m release.memory.gpu_env`: exit 2 with one error line when the environment mixes ORT builds."""
+    """`python -m release.backends.onnxruntime_genai.gpu_env`: exit 2 with one error line when the environment
+    mixes ONNX Runtime builds."""
     try:
         check_ort_builds()
     except InputError as exc:

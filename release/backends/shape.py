@@ -35,8 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from release.core.errors import InputError
-from release.memory.families import (
+from release.backends.families import (
     DEFAULT_HEAD_DIM,
     TIED_BY_DEFAULT,
     check_supported,
@@ -47,6 +46,7 @@ from release.memory.families import (
     positive_int,
     sliding_layers,
 )
+from release.core.errors import InputError
 
 Precision = Literal["fp32", "fp16", "int8", "int4"]
 Provider = Literal["cpu", "cuda"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from release.memory.plan import GIB, breakdown, spec_at
-from release.memory.verdict import MemoryPlan
+from release.backends.onnxruntime_genai.plan import breakdown, spec_at
+from release.backends.onnxruntime_genai.verdict import MemoryPlan
+from release.backends.planning import GIB
 
 
 def plot_plan(plan: MemoryPlan, out: Path, overlap_bytes: int | None = None) -> Path:

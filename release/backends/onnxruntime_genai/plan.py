@@ -1,4 +1,4 @@
-"""The memory plan of one replica on a target, and what would fit instead.
+"""onnxruntime-genai's memory plan of one replica on a target, and what would fit instead.
 
 Per replica, in bytes (B = concurrent sequences, L = context tokens, P = prefill tokens per sequence,
 T = B x P tokens in the largest forward pass, a = the io dtype's bytes, 4 for fp32 logits on cpu):
@@ -25,12 +25,21 @@ device per process; the figure is for engines that shard).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from release.core.errors import InputError
-from release.memory.shape import (
+from release.backends.planning import (
+    GIB,
+    KV_DTYPE_BYTES,
+    MIB,
+    Target,
+    hidden_activation_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_bytes_per_token_beyond_window,
+    largest,
+)
+from release.backends.shape import (
     PRECISIONS,
     ModelShape,
     Precision,
@@ -40,9 +49,6 @@ from release.memory.shape import (
     parameter_count,
 )
 
-GIB = 1024**3
-MIB = 1024**2
-KV_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 # cpu: RSS of onnxruntime-genai with a loaded model minus that model's weights: 11-27 MiB over the
 # models of benchmarks/memory.py (load_overhead per row), rounded up. cuda: the CUDA context plus
 # cuBLAS/cuDNN handles and the arena's first chunk; stated, not measured here (scripts/gpu-check.sh
@@ -52,42 +58,6 @@ RUNTIME_OVERHEAD_BYTES: dict[str, int] = {"cpu": 32 * MIB, "cuda": 768 * MIB}
 WORKSPACE_FLOOR_BYTES: dict[str, int] = {"cpu": 2 * MIB, "cuda": 0}
 # The builder's valid precision/provider pairs (fp16 is a GPU precision).
 VALID = {"cpu": ("fp32", "int8", "int4"), "cuda": PRECISIONS}
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and how the model serves: devices, load, KV dtype and the headroom the plan keeps free."""
-
-    memory_gib: float
-    concurrency: int
-    context: int
-    gpus: int = 1
-    provider: Provider = "cuda"
-    kv_dtype: str | None = None       # None: the model's own (the io dtype of its precision)
-    prefill_tokens: int | None = None  # None: the whole context (a full-length prompt for every sequence)
-    headroom: float = 0.10
-    rollout_overlap: bool = True
-    gpu_name: str | None = None
-    price_per_hour: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("concurrency", "context", "gpus"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InputError(f"--{name}: {value} is not a positive integer", hint=f"give --{name} of 1 or more")
-        if not self.memory_gib > 0:
-            raise InputError(f"memory: {self.memory_gib} GiB is not positive", hint="give a GPU name or a size > 0")
-        if self.prefill_tokens is not None and self.prefill_tokens < 1:
-            raise InputError(f"--prefill-tokens: {self.prefill_tokens} is not positive", hint="give 1 or more")
-        if not 0 <= self.headroom < 1:
-            raise InputError(f"headroom: {self.headroom} is not in [0, 1)", hint="0.10 keeps 10% free")
-        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPE_BYTES:
-            raise InputError(f"--kv-dtype: '{self.kv_dtype}' is unknown",
-                             hint=f"use one of {', '.join(KV_DTYPE_BYTES)}")
-
-    @property
-    def capacity_bytes(self) -> int:
-        return int(self.memory_gib * GIB) * self.gpus
 
 
 @dataclass(frozen=True)
@@ -140,39 +110,6 @@ class Breakdown:
         return data
 
 
-def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
-    """K and V for every layer, for one token of one sequence (while the context is within every window):
-    2 x layers x kv_heads x head_dim x kv_bytes, or MLA's layers x (kv_lora_rank + qk_rope_head_dim) x kv_bytes."""
-    return shape.layers * shape.kv_elements_per_layer * kv_bytes
-
-
-def kv_bytes_per_token_beyond_window(shape: ModelShape, kv_bytes: int) -> int:
-    """What one more token costs once the context is past the window: the layers whose cache is not bounded."""
-    return (shape.layers - shape.window_cache_layers) * shape.kv_elements_per_layer * kv_bytes
-
-
-def kv_bytes_per_sequence(shape: ModelShape, kv_bytes: int, context: int) -> int:
-    """One sequence's KV cache at `context` tokens: a layer with a window-bounded cache keeps at most its window."""
-    bounded = shape.window_cache_layers
-    windowed = min(context, shape.sliding_window) if bounded else context
-    return shape.kv_elements_per_layer * kv_bytes * ((shape.layers - bounded) * context + bounded * windowed)
-
-
-def check_context(shape: ModelShape, context: int) -> None:
-    """InputError when `context` is beyond the positions the model was built for (max_position_embeddings)."""
-    if context > shape.max_positions:
-        raise InputError(f"--context: {context} tokens is beyond the model's max_position_embeddings "
-                         f"{shape.max_positions}",
-                         hint=f"plan --context {shape.max_positions} or less (the model cannot attend further)")
-
-
-def hidden_activation_bytes(shape: ModelShape, tokens: int, act_bytes: int) -> int:
-    """Hidden states of one forward pass over `tokens` tokens at the MLP (or attention) peak (module
-    docstring): shared by every engine's plan (vllm_plan.py passes its chunked-prefill token budget)."""
-    s = shape
-    return tokens * act_bytes * max(3 * s.hidden + 6 * s.mlp_width, 3 * s.hidden + 2 * s.q_dim + 2 * s.kv_dim)
-
-
 def workspace_bytes(spec: ModelSpec, target: Target) -> int:
     """Activation workspace of the largest forward pass (module docstring); linear in concurrency."""
     s, b = spec.shape, target.concurrency
@@ -199,20 +136,6 @@ def breakdown(spec: ModelSpec, target: Target, overlap_bytes: int | None = None)
                      overlap=overlap, peak=peak, capacity=target.capacity_bytes, budget=budget,
                      kv_bytes_per_token=per_token, fits=peak <= budget,
                      kv_bytes_per_token_beyond_window=kv_bytes_per_token_beyond_window(spec.shape, kv_bytes))
-
-
-def largest(fits: Callable[[int], bool], limit: int = 2**40) -> int:
-    """The largest n in [0, limit] with fits(n), for a monotone predicate (0 when even 1 does not fit)."""
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while high <= limit and fits(high):
-        low, high = high, high * 2
-    high = min(high, limit + 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
 
 
 def max_concurrency(spec: ModelSpec, target: Target, overlap_bytes: int | None = None) -> int:
