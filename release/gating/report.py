@@ -6,11 +6,11 @@ from `details["failing_examples"]` (a list of flat dicts) when a gate provides t
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from release.core import escape
 from release.gating.contract import GateResult, ThresholdCheck
 
 STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped"}
@@ -148,8 +148,8 @@ def _clip(value: Any) -> str:
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return escape.markdown(text)   # a reason may quote a model's output: text, never structure
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    return escape.html(value)
