@@ -25,7 +25,7 @@ from release import __version__
 from release.core.errors import InputError
 from release.core.escape import terminal
 from release.core.jsonfile import parse_yaml
-from release.core.model_name import check_version_number
+from release.core.model_name import check_model_name, check_version_number
 from release.core.templates import template_text
 from release.deploy.facts import VLLM, VersionFacts
 
@@ -88,6 +88,7 @@ def parse_version_spec(spec: str) -> tuple[str, str]:
     if not sep or not model or not version.isdigit():
         raise InputError(f"{spec}: expected MODEL/VERSION (or models:/MODEL/VERSION) with a numeric version",
                          hint="e.g. relctl render kserve tiny-llm/3")
+    check_model_name(model, spec)   # a name reaches manifests, OCI annotations and file names: the one rule first
     return model, check_version_number(version, spec)
 
 

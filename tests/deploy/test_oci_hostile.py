@@ -53,7 +53,7 @@ class Registry:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def do_GET(self) -> None:   # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 registry.requests.append(self.path)
                 if self.path == "/v2/":
                     self.send_response(200)
