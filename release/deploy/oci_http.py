@@ -16,8 +16,8 @@ and retries a 500 five times over two minutes. Here a `BoundedRegistry` is oras'
 from __future__ import annotations
 
 import contextlib
-import http.cookiejar
 import hashlib
+import http.cookiejar
 import os
 import threading
 import time
