@@ -20,7 +20,7 @@ def test_json_depth_size_duplicates_and_constants_are_refused(tmp_path: Path) ->
     with pytest.raises(InputError, match=r"config.json: JSON nested 100000 levels deep; at most 64"):
         load_json(path, "fix it")
     path.write_text('{"a": 1, "b": {"c": 2, "c": 3}}')
-    with pytest.raises(InputError, match="config.json: key 'c' appears twice"):
+    with pytest.raises(InputError, match=r"config.json: key 'c' appears twice"):
         load_json(path, "fix it")
     path.write_text('{"a": NaN}')
     with pytest.raises(InputError, match="NaN is not a JSON number"):
@@ -29,7 +29,7 @@ def test_json_depth_size_duplicates_and_constants_are_refused(tmp_path: Path) ->
     with pytest.raises(InputError, match=r"config.json: \d+ bytes; at most 1000 are read"):
         load_json(path, "fix it", max_bytes=1000)
     path.write_bytes(b'{"a": "\xff"}')
-    with pytest.raises(InputError, match="config.json: not UTF-8"):
+    with pytest.raises(InputError, match=r"config.json: not UTF-8"):
         load_json(path, "fix it")
     path.write_text("[" * MAX_DEPTH + "]" * MAX_DEPTH)
     assert load_json(path, "fix it") is not None   # the bound itself is accepted
@@ -48,10 +48,10 @@ def test_expect_names_the_field_and_the_type(tmp_path: Path) -> None:
 def test_yaml_depth_and_duplicates_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "release.yaml"
     path.write_text("a: " + "[" * 100_000 + "]" * 100_000 + "\n")
-    with pytest.raises(InputError, match="release.yaml: YAML nested more than 64 levels deep"):
+    with pytest.raises(InputError, match=r"release.yaml: YAML nested more than 64 levels deep"):
         load_yaml(path, "fix it")
     path.write_text("model: a\nconvert:\n  precision: int4\nmodel: b\n")
-    with pytest.raises(InputError, match="release.yaml: invalid YAML at line 4: key 'model' appears twice"):
+    with pytest.raises(InputError, match=r"release.yaml: invalid YAML at line 4: key 'model' appears twice"):
         load_yaml(path, "fix it")
 
 
