@@ -55,14 +55,16 @@ def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_json(raw: bytes | str, label: str, hint: str, max_depth: int = MAX_DEPTH) -> Any:
-    """`raw` decoded, or InputError `label: ...` for text that is not bounded, valid, duplicate-free JSON."""
+def parse_json(raw: bytes | str, label: str, hint: str, max_depth: int = MAX_DEPTH, finite: bool = False) -> Any:
+    """`raw` decoded, or InputError `label: ...` for text that is not bounded, valid, duplicate-free JSON.
+    `finite`: NaN and Infinity refused too (Python's json writes them, so files a library saved may hold
+    them: there the reader's field check names the field instead)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     depth = _depth(data)
     if depth > max_depth:
         raise InputError(f"{label}: JSON nested {depth} levels deep; at most {max_depth} are read", hint=hint)
     try:
-        return json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant)
+        return json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant if finite else None)
     except _Duplicate as exc:
         raise InputError(f"{label}: key '{exc}' appears twice in one object", hint=hint) from exc
     except UnicodeDecodeError as exc:

@@ -30,7 +30,7 @@ def render_markdown(results: Sequence[GateResult], production_version: str | Non
             continue
         lines += ["", f"#### {result.gate}", "", "| Metric | Value | Check | Bound | Production | Result |",
                   "|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
         lines += [f"- {_md(note)}" for note in _notes(result)]
     return "\n".join(lines) + "\n"
 
@@ -145,6 +145,11 @@ def _num(value: float | None) -> str:
 def _clip(value: Any) -> str:
     text = str(value)
     return text if len(text) <= MAX_CELL else text[:MAX_CELL] + "…"
+
+
+def _cell(text: str) -> str:
+    """A table cell relctl composed (metric names and figures): only what would break the table."""
+    return escape.terminal(text).replace("|", "\\|")
 
 
 def _md(text: str) -> str:

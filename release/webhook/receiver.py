@@ -185,7 +185,7 @@ def create_app(settings: WebhookSettings) -> Starlette:
         if not seen.claim(delivery_id, now):
             return refuse("replayed delivery id")
         try:   # the one bounded JSON parser: a 50,000-deep body is a 400, not a RecursionError
-            event = parse_json(body, "payload", "", max_depth=MAX_JSON_DEPTH)
+            event = parse_json(body, "payload", "", max_depth=MAX_JSON_DEPTH, finite=True)
             wanted = release_request(event, delivery_id, settings)
         except (InputError, ValueError, UnicodeDecodeError) as exc:  # MalformedPayload is a ValueError
             return JSONResponse({"accepted": True, "action": "ignored", "reason": f"unreadable payload: {exc}"},

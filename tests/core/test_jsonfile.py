@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from release.cli import cli
 from release.core.errors import InputError
-from release.core.jsonfile import MAX_DEPTH, expect, load_json, load_yaml
+from release.core.jsonfile import MAX_DEPTH, expect, load_json, load_yaml, parse_json
 
 
 def test_json_depth_size_duplicates_and_constants_are_refused(tmp_path: Path) -> None:
@@ -22,9 +22,8 @@ def test_json_depth_size_duplicates_and_constants_are_refused(tmp_path: Path) ->
     path.write_text('{"a": 1, "b": {"c": 2, "c": 3}}')
     with pytest.raises(InputError, match=r"config.json: key 'c' appears twice"):
         load_json(path, "fix it")
-    path.write_text('{"a": NaN}')
     with pytest.raises(InputError, match="NaN is not a JSON number"):
-        load_json(path, "fix it")
+        parse_json('{"a": NaN}', "payload", "fix it", finite=True)
     path.write_text(json.dumps({"a": "x" * 2000}))
     with pytest.raises(InputError, match=r"config.json: \d+ bytes; at most 1000 are read"):
         load_json(path, "fix it", max_bytes=1000)
