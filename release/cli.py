@@ -12,6 +12,7 @@ import click
 from release import __version__
 from release.commands.support import Ctx, emit, fail, handled, json_option, quiet_on_closed_stdout
 from release.core.errors import InputError
+from release.core.escape import terminal
 from release.pipeline.failure import raise_on_sigterm
 
 GLOBAL_FLAGS = ("-q", "--quiet", "--traceback")
@@ -257,7 +258,8 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
         for m in moves:
             changes = ", ".join(f"{a}: {_versions(f, engines)} -> {_versions(t, engines)}"
                                 for a, (f, t) in sorted(m.changes.items()))
-            click.echo(f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})")
+            line = f"{m.at}  {m.action:<8} {changes}  ({m.reason}; run {m.release_run or '-'}; by {m.user})"
+            click.echo(terminal(line))   # one entry, one line: a reason cannot forge another or move the cursor
 
     emit([{**asdict(m), "engines": {v: engines[v] for pair in m.changes.values() for v in pair if v in engines}}
           for m in moves], as_json, text)
@@ -295,14 +297,14 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
 
     def text() -> None:
         if model is None:
-            click.echo("\n".join(data["models"]) or "no registered models")
+            click.echo("\n".join(terminal(m) for m in data["models"]) or "no registered models")
             return
         for alias, info in data["aliases"].items():
             gates = ", ".join(f"{g}={s}" for g, s in info["gates"].items()) or "none"
             commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
-            click.echo(f"{model}@{alias}: v{info['version']} ({info['backend']} "
+            click.echo(terminal(f"{model}@{alias}: v{info['version']} ({info['backend']} "
                        f"{info['precision'] or 'unknown precision'}) from run "
-                       f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})")
+                       f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})"))
 
     emit(data, as_json, text)
 

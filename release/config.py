@@ -9,10 +9,10 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from release.core.errors import ConfigError
+from release.core.errors import ConfigError, InputError
+from release.core.jsonfile import load_yaml
 from release.core.model_name import bad_model_name
 from release.core.server_settings import ServerSettings
 
@@ -89,8 +89,10 @@ class ConvertConfig(Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, value: str) -> str:
-        from release.backends import AUTO, available_backends  # noqa: PLC0415 - as above
+        from release.backends import AUTO, available_backends, broken_backends  # noqa: PLC0415 - as above
 
+        if value in broken_backends():   # installed but failed to load: say so, with its entry point and error
+            raise ValueError(broken_backends()[value])
         return _one_of("backend", value, [AUTO, *available_backends()])
 
     @field_validator("execution_provider")
@@ -212,17 +214,10 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
     if path is not None:
         if not path.is_file():
             raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except UnicodeDecodeError as exc:  # a binary file or another encoding: bad input, not a bug
-            raise ConfigError(f"{label}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})",
-                              hint="save release.yaml as UTF-8") from exc
-        except OSError as exc:
-            raise ConfigError(f"{label}: cannot be read: {exc.strerror}", hint="check the file's permissions") from exc
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{label}: invalid YAML{where}", hint="fix the YAML syntax") from exc
+        try:   # one loader: UTF-8, bounded size and depth, a key given twice refused (not last-one-wins)
+            loaded = load_yaml(path, hint="fix release.yaml (see templates/release.yaml)", label=label) or {}
+        except InputError as exc:
+            raise ConfigError(exc.message, hint=exc.hint) from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{label}: top level must be a mapping", hint="see templates/release.yaml")
         data = loaded

@@ -18,6 +18,7 @@ from typing import Any
 from release.backends.base import Backend, Support, architecture, precision_choices
 from release.core.errors import ConfigError, InputError
 from release.core.package import MANIFEST, PackageManifest, read_manifest
+from release.core.plugins import PluginBroken, load_entry_point
 
 ENTRY_POINT_GROUP = "relctl.backends"
 AUTO = "auto"
@@ -38,7 +39,9 @@ def _discovered() -> tuple[dict[str, Backend], dict[str, str]]:
             found[name] = _load(ep)
         except ConfigError as exc:
             broken[name] = exc.message
-        except Exception as exc:  # an installed plug-in whose code does not import: its bug, not relctl's
+        except PluginBroken as exc:   # raised, exited or printed at import: isolated, reported with its entry point
+            broken[name] = exc.reason
+        except Exception as exc:  # its constructor failed: the plug-in's bug, not relctl's
             broken[name] = f"backend plug-in '{ep.value}' failed to load: {type(exc).__name__}: {exc}"
     return found, broken
 
@@ -58,7 +61,7 @@ def _entry_points() -> dict[str, EntryPoint]:
 
 
 def _load(ep: EntryPoint) -> Backend:
-    cls = ep.load()
+    cls = load_entry_point(ep, "backend")
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise ConfigError(f"backend plug-in '{ep.value}' is not a release.backends.base.Backend subclass",
                           hint="register a Backend subclass under relctl.backends")

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from release.core.errors import InputError, RegistryError
-from release.core.model_name import check_model_name
+from release.core.escape import markdown
+from release.core.model_name import check_model_name, check_version_number
 from release.core.package import LEGACY_BACKEND
 from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry, links
 from release.registry import tags as T
@@ -88,6 +89,8 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
     """
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
+    if to_version is not None:
+        check_version_number(to_version, "--to")
     from release.pipeline.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
     from release.pipeline.versions import fetch_package  # noqa: PLC0415 - as above
 
@@ -144,7 +147,7 @@ def mark_rolled_back(registry: Registry, model: str, move: AliasMove) -> None:
     if left is None or target is None:
         return
     card = registry.get_version(model, left).description or ""
-    line = (f"{ROLLED_BACK_MARK} on {move.at} to v{target} by {move.user}: {move.reason}. "
+    line = (f"{ROLLED_BACK_MARK} on {move.at} to v{target} by {markdown(move.user)}: {markdown(move.reason)}. "
             "This version no longer serves production (`relctl history " + model + "`).")
     # The newest rollback first; the card below keeps the release's own evidence unchanged.
     registry.set_description(model, left, f"{line}\n\n{card}" if card else line)
@@ -228,6 +231,7 @@ def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None
         raise InputError(f"{spec}: expected MODEL/VERSION (a version number)",
                          hint="e.g. relctl approve my-model/3 --reason 'reviewed the eval report'")
     check_model_name(name, "model")
+    check_version_number(version, spec)
     who = approver(project_dir)
     signer = project_signing_key(project_dir)  # a bad key fails here, before anything is written
     trust = project_trust(project_dir)

@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 from release.core.errors import InputError
+from release.core.escape import yaml_scalar
 from release.core.templates import template_text
 
 DEFAULT_KSERVE_TEMPLATE = "kserve-inferenceservice.yaml"  # relctl serve's; a backend may name its own
@@ -79,7 +80,8 @@ def starter_texts(source: str | None) -> dict[str, str]:
         if workflow.count(SOURCE_LINE) != 1:
             raise InputError("the promote workflow template has no RELCTL_SOURCE line to fill in",
                              hint="reinstall relctl; its templates are damaged")
-        texts[".github/workflows/promote.yml"] = workflow.replace(SOURCE_LINE, f"  RELCTL_SOURCE: {json.dumps(source)}")
+        filled = f"  RELCTL_SOURCE: {yaml_scalar(source)}"
+        texts[".github/workflows/promote.yml"] = workflow.replace(SOURCE_LINE, filled)
     return texts
 
 

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from release.pipeline.failure import classify, write_log
+from release.pipeline.failure import RESUMABLE_COMMANDS, classify, write_log
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,7 +75,8 @@ def quiet_on_closed_stdout() -> Iterator[None]:
 
 def fail(ctx: Ctx, exc: BaseException) -> None:
     """Print one `error:` line and a `hint:` line for `exc` and exit with its code (release.pipeline.failure)."""
-    failure = classify(exc)
+    command = click.get_current_context(silent=True)
+    failure = classify(exc, resumable=command is not None and command.info_name in RESUMABLE_COMMANDS)
     report = getattr(exc, "report", None)
     if ctx.as_json and report is not None:
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))

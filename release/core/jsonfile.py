@@ -1,21 +1,197 @@
-"""Reading the small JSON files a checkpoint, adapter or converted model must have."""
+"""The one loader for the JSON and YAML files relctl reads (release.yaml, config.json, tokenizer files,
+package manifests, approvals, state files), and for JSON that arrives over the network.
+
+`json.loads` and `yaml.safe_load` alone are not safe on hostile input: deep nesting recurses until
+RecursionError (a bug, exit 3), a huge file is read whole, a duplicated key silently keeps the last value,
+and NaN/Infinity are accepted. Here each of these is an InputError (exit 2), one line naming the file
+and, where there is one, the field: a depth bound, a size bound, duplicate keys refused, and `expect`
+checks that a value has the JSON type the reader needs.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from release.core.errors import InputError
+
+MAX_DEPTH = 64   # the deepest file relctl reads (tokenizer.json, an OCI manifest) nests fewer than 10 levels
+MAX_FILE_BYTES = 256 * 1024 * 1024   # a tokenizer.json is a few MB; a manifest of a 10k-file package ~1 MB
+MAX_CONFIG_BYTES = 4 * 1024 * 1024   # release.yaml, job files, approvals: hand-written, a few KB
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _depth(raw: bytes) -> int:
+    """Deepest bracket nesting of a JSON text (strings ignored): two regex passes in C, no recursion."""
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(_STRING.sub(b"", raw)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(raw: bytes | str, label: str, hint: str, max_depth: int = MAX_DEPTH, finite: bool = False) -> Any:
+    """`raw` decoded, or InputError `label: ...` for text that is not bounded, valid, duplicate-free JSON.
+    `finite`: NaN and Infinity refused too (Python's json writes them, so files a library saved may hold
+    them: there the reader's field check names the field instead)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    depth = _depth(data)
+    if depth > max_depth:
+        raise InputError(f"{label}: JSON nested {depth} levels deep; at most {max_depth} are read", hint=hint)
+    try:
+        return json.loads(data, object_pairs_hook=_pairs, parse_constant=_constant if finite else None)
+    except _Duplicate as exc:
+        raise InputError(f"{label}: key '{exc}' appears twice in one object", hint=hint) from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{label}: not UTF-8 text (byte {exc.start})", hint=hint) from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{label}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                         hint=hint) from exc
+    except (ValueError, RecursionError) as exc:   # NaN, an integer past Python's digit limit
+        raise InputError(f"{label}: invalid JSON: {exc}", hint=hint) from exc
+
+
+def _read(path: Path, label: str, hint: str, max_bytes: int) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise InputError(f"{label}: {size} bytes; at most {max_bytes} are read", hint=hint)
+        with path.open("rb") as fh:
+            data = fh.read(max_bytes + 1)   # the file may have grown since stat
+    except OSError as exc:
+        raise InputError(f"{label}: cannot be read: {exc.strerror}", hint=hint) from exc
+    if len(data) > max_bytes:
+        raise InputError(f"{label}: more than {max_bytes} bytes; at most {max_bytes} are read", hint=hint)
+    return data
+
+
+def load_json(path: Path, hint: str, label: str | None = None, max_bytes: int = MAX_FILE_BYTES,
+              max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON file at `path`, bounded (size, depth), duplicate keys refused; InputError naming the file."""
+    name = label or path.name
+    if not path.is_file():
+        raise InputError(f"{name}: no such file", hint=hint)
+    return parse_json(_read(path, name, hint, max_bytes), name, hint, max_depth)
 
 
 def read_json_file(path: Path, missing: InputError, fix_hint: str) -> Any:
-    """The parsed file; `missing` when it does not exist, an InputError naming the line when it is not JSON."""
+    """The parsed file; `missing` when it does not exist, an InputError naming the problem otherwise."""
     if not path.is_file():
         raise missing
+    return load_json(path, fix_hint)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key '{key}' appears twice in one mapping", key_node.start_mark)
+            if isinstance(key, (str, int, float, bool)):
+                seen.add(key)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+_YAML_QUOTED = re.compile(r""""(?:[^"\\\n]|\\.)*"|'(?:[^'\n]|'')*'|(?:^|\s)#[^\n]*""")
+_YAML_FLOW = re.compile(r"[\[\]{}]")
+_INDENT = re.compile(r"^[ \t]*", re.MULTILINE)
+
+
+def _yaml_depth(text: str, max_depth: int) -> int:
+    """Deepest collection nesting, or a number past `max_depth` as soon as it is clearly past it.
+
+    PyYAML's scanner slows down sharply with flow nesting (a 1,000-deep `[[[...` takes seconds) and its
+    composer recurses, so the text is first measured with regexes in C: flow brackets outside quoted
+    strings and comments, and indentation (a block level needs at least one more column). Only a text
+    within both bounds is walked through PyYAML's event stream, which does not recurse."""
+    depth = deepest = 0
+    for match in _YAML_FLOW.finditer(_YAML_QUOTED.sub("", text)):
+        depth += 1 if match.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    widest = max((len(m.group()) for m in _INDENT.finditer(text)), default=0)
+    if deepest > max_depth or widest > 8 * max_depth:
+        return max(deepest, widest // 8)
+    depth = deepest = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > max_depth:
+                break
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return deepest
+
+
+def parse_yaml(text: str, label: str, hint: str, max_depth: int = MAX_DEPTH) -> Any:
+    """`text` as YAML (safe types only), bounded in depth, duplicate keys refused; InputError naming `label`."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: invalid JSON at line {exc.lineno}", hint=fix_hint) from exc
+        depth = _yaml_depth(text, max_depth)
+        if depth > max_depth:
+            raise InputError(f"{label}: YAML nested more than {max_depth} levels deep ({depth} or more)", hint=hint)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise InputError(f"{label}: invalid YAML{where}: {problem}", hint=hint) from exc
+    except RecursionError as exc:
+        raise InputError(f"{label}: YAML nested too deeply", hint=hint) from exc
+
+
+def load_yaml(path: Path, hint: str, label: str | None = None, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """The YAML file at `path`: UTF-8, bounded, duplicate keys refused; InputError naming the file."""
+    name = label or path.name
+    if not path.is_file():
+        raise InputError(f"{name}: no such file", hint=hint)
+    raw = _read(path, name, hint, max_bytes)
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{path.name}: not UTF-8 text", hint=fix_hint) from exc
+        raise InputError(f"{name}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})", hint=hint) from exc
+    return parse_yaml(text, name, hint)
+
+
+def expect(data: Any, field: str, kind: type | tuple[type, ...], label: str, hint: str) -> Any:
+    """`data[field]` (a dotted path), checked to be of `kind` (bool is never an int here); InputError naming
+    `label: field` otherwise."""
+    value = data
+    for part in field.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise InputError(f"{label}: '{field}' is missing", hint=hint)
+        value = value[part]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = " or ".join(k.__name__ for k in kinds)
+        raise InputError(f"{label}: '{field}' is {type(value).__name__}, not {names}", hint=hint)
+    return value

@@ -43,3 +43,26 @@ def check_model_name(name: str, where: str, hint: str = NAME_HINT) -> str:
     if why is not None:
         raise InputError(f"{where}: {why}", hint=hint)
     return name
+
+
+# MLflow takes a version as int(text) and stores it in a 64-bit signed integer column: anything past that
+# reaches the store as an overflow (an infrastructure-looking failure), so it is refused first.
+MAX_VERSION = 2**63 - 1
+
+
+def bad_version_number(version: object) -> str | None:
+    """Why `version` cannot be an MLflow model version number, or None when it can."""
+    text = str(version)
+    if not text.isascii() or not text.isdigit():
+        return f"version {text!r} is not a decimal version number"
+    if len(text.lstrip("0")) > 19 or not 1 <= int(text) <= MAX_VERSION:
+        return f"version {text} is out of range: MLflow's versions run from 1 to {MAX_VERSION}"
+    return None
+
+
+def check_version_number(version: str, where: str) -> str:
+    """`version`, or InputError (exit 2) naming where it came from; checked before any registry call."""
+    why = bad_version_number(version)
+    if why is not None:
+        raise InputError(f"{where}: {why}", hint="pass a version number `relctl history MODEL` lists")
+    return version

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from release.core.errors import InputError
 from release.core.hashing import sha256_file, sha256_json, sha256_tree
+from release.core.jsonfile import expect, load_json
 
 
 class Backend(Protocol):
@@ -135,12 +136,32 @@ def missing_runtime(backend: Backend, model_dir: Path, label: str) -> None:
                              hint=f"build it with relctl convert --backend {backend.id} (or relctl promote)")
 
 
+def load_manifest_data(path: Path) -> dict[str, Any]:
+    """A manifest's JSON through the one loader, its shape checked: garbage or a wrong shape is bad input
+    (exit 2) naming the file and the field, never a JSONDecodeError or TypeError from a reader."""
+    label, hint = f"{path.parent.name}/{path.name}", "not a package relctl built; rebuild or re-download it"
+    data = load_json(path, hint, label=label)
+    if not isinstance(data, dict):
+        raise InputError(f"{label}: not a JSON object", hint=hint)
+    files = expect(data, "files", dict, label, hint)
+    for rel, digest in files.items():
+        parts = Path(rel).parts
+        if rel.startswith("/") or ".." in parts or not isinstance(digest, str) or len(digest) != 64:
+            raise InputError(f"{label}: files.{rel!r} is not a relative path with a sha256", hint=hint)
+    for field in ("model_name", "serving_config_hash", "precision"):
+        if field in data:
+            expect(data, field, str, label, hint)
+    if "backend" in data:
+        expect(data, "backend.id", str, label, hint)
+    return data
+
+
 def read_manifest(root: Path) -> PackageManifest:
     """The manifest of a package its caller has already verified (no checksums: they were checked)."""
     path = root / MANIFEST
     if not path.is_file():
         raise InputError(f"{root}: not a relctl package ({MANIFEST} missing)", hint="build it with relctl promote")
-    return PackageManifest(root=root, data=json.loads(path.read_text()))
+    return PackageManifest(root=root, data=load_manifest_data(path))
 
 
 def verify_package(root: Path, manifest_sha256: str | None = None) -> PackageManifest:
@@ -157,7 +178,7 @@ def verify_package(root: Path, manifest_sha256: str | None = None) -> PackageMan
             f"{root.name}: {MANIFEST} differs from the manifest recorded in the registry when it was released",
             hint="the package was rewritten after release; restore it from the release run or re-promote",
         )
-    data = json.loads(path.read_text())
+    data = load_manifest_data(path)
     actual = sha256_tree(root, exclude=UNLISTED)
     expected: dict[str, str] = data["files"]
     for rel, digest in expected.items():

@@ -90,6 +90,7 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
     """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend decides from the
     package the device it was validated on, image, args and environment, its memory plan the memory, its OCI
     digest the source): a pinned version, so each new version is a new KServe revision."""
+    from release.core.outputs import check_output_file
     from release.deploy.facts import read_version_facts
     from release.deploy.kserve import (
         KServeOptions,
@@ -110,6 +111,8 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
                             startup_seconds=startup_seconds)
     model, version = parse_version_spec(spec)
     check_options(options)   # before the registry is read: a bad option fails in milliseconds
+    if output is not None:
+        check_output_file(output, "-o")   # a missing folder is bad input found now, not after the render
     template = template_path.read_text() if template_path is not None else None
     facts = read_version_facts(open_registry(ctx.project_dir, read_only=True), model, version)
     text = (render_kserve_yaml(facts, options, template) if fmt == "yaml"

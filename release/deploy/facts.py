@@ -11,7 +11,6 @@ does not match, is refused (exit 2) before a line of the manifest is written.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ from release.backends import get_backend
 from release.backends.base import Deployment
 from release.core.errors import InputError
 from release.core.hashing import sha256_file
-from release.core.package import LEGACY_BACKEND, MANIFEST
+from release.core.jsonfile import load_json
+from release.core.package import LEGACY_BACKEND, MANIFEST, load_manifest_data
 from release.pipeline.versions import package_uri
 from release.registry import Registry
 from release.registry import tags as T
@@ -80,7 +80,7 @@ def _package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...
         if sha256_file(manifest_path) != anchor:
             raise InputError(f"{label}: {MANIFEST} differs from the manifest recorded in the registry at release",
                              hint=f"relctl verify {mv.name}/{mv.version} names what changed")
-        listed: dict[str, str] = json.loads(manifest_path.read_text())["files"]
+        listed: dict[str, str] = load_manifest_data(manifest_path)["files"]
         for rel in wanted:
             if rel not in listed:
                 continue
@@ -89,5 +89,5 @@ def _package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...
             if sha256_file(local) != listed[rel]:
                 raise InputError(f"{label}: {rel} does not match its sha256 in {MANIFEST}",
                                  hint=f"relctl verify {mv.name}/{mv.version} names what changed")
-            out[rel] = json.loads(local.read_text())
+            out[rel] = load_json(local, "rebuild the package", label=f"{label}: {rel}")
     return out

@@ -26,6 +26,9 @@ import yaml
 from release import __version__
 from release.backends.base import Deployment
 from release.core.errors import InputError
+from release.core.escape import terminal
+from release.core.jsonfile import parse_yaml
+from release.core.model_name import check_model_name, check_version_number
 from release.core.templates import template_text
 from release.deploy.facts import VersionFacts
 
@@ -82,7 +85,8 @@ def parse_version_spec(spec: str) -> tuple[str, str]:
     if not sep or not model or not version.isdigit():
         raise InputError(f"{spec}: expected MODEL/VERSION (or models:/MODEL/VERSION) with a numeric version",
                          hint="e.g. relctl render kserve tiny-llm/3")
-    return model, version
+    check_model_name(model, spec)   # a name reaches manifests, OCI annotations and file names: the one rule first
+    return model, check_version_number(version, spec)
 
 
 def service_name(model: str) -> str:
@@ -145,7 +149,7 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     if deployment.own_engine:
         values["IMAGE"] = str(options.engine_image or deployment.engine_image)
     try:
-        manifest: dict[str, Any] = _fill(yaml.safe_load(template), values)
+        manifest: dict[str, Any] = _fill(parse_yaml(template, "--template", "fix the template"), values)
         predictor = manifest["spec"]["predictor"]
         container = predictor["containers"][0]
         # The places set below must exist in a user's own copy of the template too.
@@ -202,8 +206,8 @@ def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, templat
     Knative features it needs)."""
     manifest = render_kserve(spec, options, template)
     annotations = manifest["metadata"]["annotations"]
-    header = (f"# relctl render kserve {annotations['relctl/model']}/{annotations['relctl/version']} "
-              f"({MODES_LABEL[annotations[MODE_ANNOTATION]]}; relctl {__version__})\n")
+    header = terminal(f"# relctl render kserve {annotations['relctl/model']}/{annotations['relctl/version']} "
+                      f"({MODES_LABEL[annotations[MODE_ANNOTATION]]}; relctl {__version__})") + "\n"
     features = knative_features(manifest)
     if features:
         header += (f"# Knative rejects this spec unless its config-features ConfigMap (knative-serving) enables: "

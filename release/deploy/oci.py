@@ -23,9 +23,9 @@ import hashlib
 import io
 import json
 import re
-import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 from release import __version__
 from release.core.errors import InputError, RegistryError
 from release.core.hashing import sha256_file
+from release.core.jsonfile import parse_json
 from release.core.package import MANIFEST, verify_package
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
@@ -44,6 +45,7 @@ INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docke
 TITLE = "org.opencontainers.image.title"
 MODELS_DIR = "models"     # KServe's ModelCar reads the model from /models of the image
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+MAX_CONFIG_BYTES = 4 * 1024 * 1024   # an image config is a few KB; its descriptor's size bounds the read below this
 _REFERENCE = re.compile(r"^oci://(?P<host>[A-Za-z0-9.-]+(?::\d+)?|\[::1\](?::\d+)?)/(?P<repo>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
                         r"(?:(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))|(?:@(?P<digest>sha256:[0-9a-f]{64})))?$")
 
@@ -78,7 +80,8 @@ def _client(ref: OciRef) -> Any:
     """An oras client for the registry, once it answered: oras retries a refused connection for over two
     minutes (right for a blip, not for a wrong host), so one plain request first fails fast, exit 4."""
     import httpx  # noqa: PLC0415
-    import oras.client  # noqa: PLC0415 - only publish and pull need it
+
+    from release.deploy.oci_http import BoundedRegistry  # noqa: PLC0415 - only publish and pull need oras
 
     base = f"{'http' if _insecure(ref) else 'https'}://{ref.host}/v2/"
     try:
@@ -86,7 +89,7 @@ def _client(ref: OciRef) -> Any:
     except httpx.HTTPError as exc:
         raise RegistryError(f"cannot reach the OCI registry {ref.host}: {exc}",
                             hint="check the host and port, and that the registry is up") from exc
-    return oras.client.OrasClient(hostname=ref.host, insecure=_insecure(ref))
+    return BoundedRegistry(ref.host, _insecure(ref))
 
 
 def _container(client: Any, ref: OciRef) -> Any:
@@ -129,14 +132,34 @@ class BaseImage:
     config: dict[str, Any]
 
 
-def _pinned_manifest(client: Any, container: Any, ref: OciRef, uri: str, accept: str, label: str, hint: str) -> Any:
-    """The manifest at `ref`'s digest, checked to hash to that digest (InputError `label: ...` otherwise)."""
-    response = client.do_request(f"{client.prefix}://{container.manifest_url(ref.digest)}", "GET",
-                                 headers={"Accept": accept})
-    _check(response, f"read of {uri}")
-    if _sha256(response.content) != ref.digest:
+def _pinned_manifest(client: Any, container: Any, ref: OciRef, uri: str, accept: str, label: str,
+                     hint: str) -> dict[str, Any]:
+    """The manifest at `ref`'s digest (read up to the manifest cap), checked to hash to that digest and to be
+    a JSON object (InputError `label: ...` otherwise)."""
+    from release.deploy.oci_http import max_manifest_bytes  # noqa: PLC0415
+
+    content = client.read_bounded(f"{client.prefix}://{container.manifest_url(ref.digest)}",
+                                  f"the manifest of {uri}", max_manifest_bytes(), accept)
+    if _sha256(content) != ref.digest:
         raise InputError(f"{label}: the registry answered a manifest whose sha256 is not the pinned digest", hint=hint)
-    return json.loads(response.content)
+    manifest = parse_json(content, f"{label}: its manifest", hint)
+    if not isinstance(manifest, dict):
+        raise InputError(f"{label}: its manifest is not a JSON object", hint=hint)
+    return manifest
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _descriptor(value: Any, label: str) -> dict[str, Any]:
+    """An OCI descriptor with a sha256 digest and a size: what every read of a blob is bounded by."""
+    hint = "pull an artifact `relctl publish` pushed"
+    if not isinstance(value, dict) or not _DIGEST.fullmatch(str(value.get("digest"))):
+        raise InputError(f"{label}: a descriptor without a sha256 digest", hint=hint)
+    size = value.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InputError(f"{label}: descriptor {value['digest']} has no size", hint=hint)
+    return value
 
 
 def read_base(uri: str) -> BaseImage:
@@ -154,32 +177,43 @@ def read_base(uri: str) -> BaseImage:
         if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
             raise InputError(f"--base {uri}: an index of platforms, not one image",
                              hint="pin the linux/amd64 image's own digest (crane digest --platform linux/amd64 IMAGE)")
-        config_digest = manifest["config"]["digest"]
-        blob = client.get_blob(container, config_digest)
-        _check(blob, f"read of {uri}'s config")
+        config = _descriptor(manifest.get("config"), f"--base {uri}: config")
+        config_digest = config["digest"]
+        raw_layers = manifest.get("layers", [])
+        if not isinstance(raw_layers, list):
+            raise InputError(f"--base {uri}: its manifest's layers are not a list", hint="do not build on it")
+        found = [_descriptor(d, f"--base {uri}: layer") for d in raw_layers]
+        blob = client.read_bounded(f"{client.prefix}://{container.get_blob_url(config_digest)}",
+                                   f"the config of {uri}", min(config["size"], MAX_CONFIG_BYTES))
     except (OSError, ValueError) as exc:
         raise RegistryError(f"cannot read the base image {uri}: {exc}", hint="check the registry is up") from exc
-    if _sha256(blob.content) != config_digest:
+    if _sha256(blob) != config_digest:
         raise InputError(f"--base {uri}: its config does not match its digest", hint="do not build on it")
     layers = [dict(d, mediaType=LAYER_TYPE if d.get("mediaType") == DOCKER_LAYER_TYPE else d.get("mediaType"))
-              for d in manifest.get("layers", [])]
-    return BaseImage(uri, layers, json.loads(blob.content))
+              for d in found]
+    image_config = parse_json(blob, f"--base {uri}: its config", "do not build on it")
+    if not isinstance(image_config, dict):
+        raise InputError(f"--base {uri}: its config is not a JSON object", hint="do not build on it")
+    return BaseImage(uri, layers, image_config)
 
 
 def _copy_base_layers(base: BaseImage, client: Any, container: Any, tmp: Path) -> None:
     """The base image's layers into the target repository (each checked against its digest on the way)."""
     source = parse_oci(base.uri)
+    from release.deploy.oci_http import min_rate  # noqa: PLC0415
+
     source_client = _client(source)
     source_container = _container(source_client, source)
     for layer in base.layers:
         if client.blob_exists(layer, container):
             continue
         path = tmp / "base-layer"
-        source_client.download_blob(source_container, layer["digest"], str(path))
-        if "sha256:" + sha256_file(path) != layer["digest"]:
-            raise InputError(f"--base {base.uri}: layer {layer['digest']} does not match its digest",
-                             hint="do not build on it")
-        _check(client.upload_blob(str(path), container, layer), f"copy of the base layer {layer['digest']}")
+        source_client.download_bounded(f"{source_client.prefix}://{source_container.get_blob_url(layer['digest'])}",
+                                       f"--base {base.uri}: layer {layer['digest']}", layer["size"], layer["digest"],
+                                       path)
+        what = f"copy of the base layer {layer['digest']}"
+        with client.operation(what, extra_s=layer["size"] / min_rate()):
+            _check(client.upload_blob(str(path), container, layer), what, client.hostname)
 
 
 def publish_package(package: Path, target: str, annotations: dict[str, str], base: BaseImage | None = None) -> str:
@@ -207,6 +241,8 @@ def publish_package(package: Path, target: str, annotations: dict[str, str], bas
         "annotations": annotations,
     }, sort_keys=True).encode()
     digest = _sha256(manifest)
+    from release.deploy.oci_http import min_rate  # noqa: PLC0415
+
     client = _client(ref)
     try:
         container = _container(client, ref)
@@ -216,15 +252,20 @@ def publish_package(package: Path, target: str, annotations: dict[str, str], bas
             for data, media_type in ((config, CONFIG_TYPE), (layer, LAYER_TYPE)):
                 blob = Path(tmp) / "blob"
                 blob.write_bytes(data)
-                response = client.upload_blob(str(blob), container,
-                                              {"mediaType": media_type, "digest": _sha256(data), "size": len(data)})
-                _check(response, f"upload of a {len(data)}-byte blob to {target}")
+                what = f"upload of a {len(data)}-byte blob to {target}"
+                with client.operation(what, extra_s=len(data) / min_rate()):
+                    response = client.upload_blob(str(blob), container,
+                                                  {"mediaType": media_type, "digest": _sha256(data), "size": len(data)})
+                    _check(response, what, client.hostname)
         url = f"{client.prefix}://{container.manifest_url(ref.tag or digest)}"
-        response = client.do_request(url, "PUT", data=manifest, headers={"Content-Type": MANIFEST_TYPE})
-        _check(response, f"push of the manifest to {target}")
-    except (OSError, ValueError) as exc:   # requests' errors are OSErrors; oras raises ValueError on auth
+        with client.operation(f"push of the manifest to {target}"):
+            response = client.do_request(url, "PUT", data=manifest, headers={"Content-Type": MANIFEST_TYPE})
+            _check(response, f"push of the manifest to {target}", client.hostname)
+    except ValueError as exc:   # oras raises ValueError when it cannot authenticate or gets no upload URL
         raise RegistryError(f"cannot push to {target}: {exc}",
-                            hint="check the registry is up and that you may push to it (docker login)") from exc
+                            hint="check that you may push to it (docker login)") from exc
+    except OSError as exc:
+        raise RegistryError(f"cannot push to {target}: {exc}", hint="check the registry is up") from exc
     answered = response.headers.get("Docker-Content-Digest")
     if answered and answered != digest:
         raise RegistryError(f"{target}: the registry stored the manifest as {answered}, not {digest}",
@@ -244,36 +285,42 @@ def pull_artifact(uri: str, dest: Path) -> Path:
         manifest = _pinned_manifest(client, container, ref, uri, MANIFEST_TYPE, uri,
                                     "the registry is serving other bytes than were published; do not deploy them")
         # The package's layer: the one named models (a base image's layers below it are not the package).
-        layers = [d for d in manifest.get("layers", []) if d.get("mediaType") == LAYER_TYPE
+        raw_layers = manifest.get("layers", [])
+        layers = [d for d in (raw_layers if isinstance(raw_layers, list) else []) if isinstance(d, dict)
+                  and d.get("mediaType") == LAYER_TYPE and isinstance(d.get("annotations") or {}, dict)
                   and (d.get("annotations") or {}).get(TITLE) == MODELS_DIR]
         if len(layers) != 1:
             raise InputError(f"{uri}: not a relctl package artifact (expected one {LAYER_TYPE} layer titled "
                              f"{MODELS_DIR})",
                              hint="pull an artifact `relctl publish` pushed")
+        layer = _descriptor(layers[0], f"{uri}: layer")
         blob = dest.parent / f".{dest.name}.layer"
-        client.download_blob(container, layers[0]["digest"], str(blob))
+        try:   # exactly the descriptor's size, hashing to its digest: more is refused unread
+            client.download_bounded(f"{client.prefix}://{container.get_blob_url(layer['digest'])}",
+                                    f"{uri}: its layer", layer["size"], layer["digest"], blob)
+            _extract(blob, dest, uri)
+        finally:
+            blob.unlink(missing_ok=True)
     except (OSError, ValueError) as exc:
         raise RegistryError(f"cannot pull {uri}: {exc}", hint="check the registry is up and reachable") from exc
-    try:
-        if "sha256:" + sha256_file(blob) != layers[0]["digest"]:
-            raise InputError(f"{uri}: its layer does not match its digest",
-                             hint="the registry is serving other bytes than were published; do not deploy them")
-        _extract(blob, dest, uri)
-    finally:
-        blob.unlink(missing_ok=True)
     return dest / MODELS_DIR
 
 
 def _extract(blob: Path, dest: Path, uri: str) -> None:
-    """Plain files and folders under models/ only: no links, devices, absolute paths or `..`."""
-    with tarfile.open(blob, mode="r:gz") as tar:
-        for member in tar.getmembers():
-            parts = Path(member.name).parts
-            if (member.name.startswith("/") or ".." in parts or not parts or parts[0] != MODELS_DIR
-                    or not (member.isfile() or member.isdir())):
-                raise InputError(f"{uri}: the layer holds '{member.name}', which a package never does",
-                                 hint="pull an artifact `relctl publish` pushed")
-        tar.extractall(dest, filter="data")
+    """Plain files and folders under models/ only: no links, devices, absolute paths or `..`. A layer that is
+    not a gzip'd tar, or is cut short, is bad input (exit 2), not a relctl bug."""
+    try:
+        with tarfile.open(blob, mode="r:gz") as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if (member.name.startswith("/") or ".." in parts or not parts or parts[0] != MODELS_DIR
+                        or not (member.isfile() or member.isdir())):
+                    raise InputError(f"{uri}: the layer holds '{member.name}', which a package never does",
+                                     hint="pull an artifact `relctl publish` pushed")
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise InputError(f"{uri}: its layer is not a complete gzip'd tar ({type(exc).__name__}: {exc})",
+                         hint="pull an artifact `relctl publish` pushed") from exc
 
 
 def publish_version(spec: str, target: str, project_dir: Path, base: str | None = None) -> dict[str, str]:
@@ -309,42 +356,65 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
     return {"model": model, "version": version, "uri": uri, "tag": f"oci://{ref.host}/{ref.repo}:{tag}"}
 
 
+def pulled_before(folder: Path) -> bool:
+    """A folder `relctl pull` wrote: a package manifest and exactly the files it lists (plus the signature and
+    provenance). Only such a folder is replaced (an init container's cache on a restarted pod); anything else
+    that is not empty is refused, so a pull never deletes what a user keeps there."""
+    from release.core.package import UNLISTED, load_manifest_data  # noqa: PLC0415
+
+    if not (folder / MANIFEST).is_file():
+        return False
+    try:
+        listed = set(load_manifest_data(folder / MANIFEST)["files"])
+    except InputError:
+        return False
+    present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+    return present - UNLISTED == listed
+
+
 def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None) -> dict[str, str]:
-    """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified; `dest` is replaced whole."""
+    """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified. `dest` must be new, empty, or a
+    package an earlier pull wrote (replaced whole, atomically); anything else is refused before any download."""
+    from release.core.outputs import check_new_folder, replace_folder, staging_folder  # noqa: PLC0415
     from release.signing.keys import project_trust  # noqa: PLC0415
     from release.signing.package import verify_signature  # noqa: PLC0415
 
-    trust = project_trust(project_dir)
-    dest = dest.resolve()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        if source.startswith("oci://"):
-            root = pull_artifact(source, partial)
-            package = verify_package(root)
-            verdict = verify_signature(root, trust, source)
-        else:
-            from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
-            from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
-            from release.registry.client import open_registry  # noqa: PLC0415
+    if source.startswith("oci://"):
+        parse_oci(source)   # a bad reference fails before anything else
+    else:
+        from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
 
-            name, version = parse_version_spec(source)
-            package = fetch_package(open_registry(project_dir, read_only=True), name, version, partial, trust=trust)
-            root = package.root
-            verdict = verify_signature(root, trust, source)
+        parse_version_spec(source)
+    check_new_folder(dest, "--to", reusable=pulled_before)
+    trust = project_trust(project_dir)
+    dest = dest.absolute()
+    with staging_folder(dest) as staged:
+        package, verdict = _pull_into(source, staged / "pull", project_dir, trust, verify_signature)
         if model is not None and package.model_name != model:
             raise InputError(f"{source}: the package is '{package.model_name}', not '{model}'",
                              hint="the pinned reference names another model's package")
-        shutil.rmtree(dest, ignore_errors=True)
-        root.rename(dest)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        replace_folder(package.root, dest)
     return {"source": source, "to": str(dest), "model": package.model_name,
             "signature": verdict.signed_by or verdict.status}
 
 
-def _check(response: Any, what: str) -> None:
-    if response.status_code not in (200, 201, 202):
-        raise RegistryError(f"{what}: the registry answered {response.status_code} {response.text[:200]}",
-                            hint="check the repository name and that you may push to it (docker login)")
+def _pull_into(source: str, partial: Path, project_dir: Path, trust: Any, verify_signature: Any) -> tuple[Any, Any]:
+    """The verified package of `source` under `partial`, and its signature verdict."""
+    if source.startswith("oci://"):
+        root = pull_artifact(source, partial)
+        package = verify_package(root)
+    else:
+        from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+        from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
+        from release.registry.client import open_registry  # noqa: PLC0415
+
+        name, version = parse_version_spec(source)
+        package = fetch_package(open_registry(project_dir, read_only=True), name, version, partial, trust=trust)
+    return package, verify_signature(package.root, trust, source)
+
+
+def _check(response: Any, what: str, host: str) -> None:
+    """A push's answer: the hint names credentials only for 401/403 (release.deploy.oci_http.check_status)."""
+    from release.deploy.oci_http import check_status  # noqa: PLC0415
+
+    check_status(response, what, host, pushing=True)

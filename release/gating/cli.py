@@ -28,11 +28,14 @@ from release.core.errors import EXIT_BLOCKED
 def gate(ctx: Ctx, gate_id: str, package_dir: Path, config_path: Path | None, eval_dataset: Path | None,
          baseline_dir: Path | None, out_dir: Path | None, as_json: bool) -> None:
     """Run gate GATE_ID on PACKAGE_DIR; exit 0 on pass or skipped, 1 on fail, 2 on bad input."""
+    from release.core.outputs import check_new_folder
     from release.gating.report import render_html, render_markdown, result_to_dict
     from release.gating.standalone import default_config, run_standalone
 
     ctx.as_json = as_json
     work = out_dir or ctx.project_dir / ".relctl" / "gate-runs" / gate_id
+    if out_dir is not None:   # evidence is rewritten in place: a new folder, or one an earlier `relctl gate` wrote
+        check_new_folder(out_dir, "--out", reusable=lambda folder: (folder / "report.html").is_file())
     result = run_standalone(gate_id, package_dir, work, config_path or default_config(ctx.project_dir),
                             eval_dataset, baseline_dir)
     baseline = f"baseline:{baseline_dir.name}" if baseline_dir else None

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from release.core.errors import ConfigError, InputError
+from release.core.plugins import PluginBroken, load_entry_point
 from release.gating.contract import Gate, GateContext, GateResult
 
 ENTRY_POINT_GROUP = "relctl.gates"
@@ -33,7 +34,10 @@ def _gate_entry_points() -> dict[str, EntryPoint]:
 
 
 def _load(ep: EntryPoint) -> type[Gate]:
-    cls: type[Gate] = ep.load()
+    try:   # nothing the plug-in does at import (raise, sys.exit, print) ends or changes the command
+        cls: type[Gate] = load_entry_point(ep, "gate")  # type: ignore[assignment]
+    except PluginBroken as exc:
+        raise ConfigError(exc.reason, hint=f"fix or reinstall the package that provides gate '{ep.name}'") from exc
     if getattr(cls, "id", None) != ep.name:
         # The id is the config key and the report label; a mismatch would make both lie.
         raise ConfigError(

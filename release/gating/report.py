@@ -6,11 +6,11 @@ from `details["failing_examples"]` (a list of flat dicts) when a gate provides t
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
+from release.core import escape
 from release.gating.contract import GateResult, ThresholdCheck
 
 STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped"}
@@ -30,7 +30,7 @@ def render_markdown(results: Sequence[GateResult], production_version: str | Non
             continue
         lines += ["", f"#### {result.gate}", "", "| Metric | Value | Check | Bound | Production | Result |",
                   "|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
         lines += [f"- {_md(note)}" for note in _notes(result)]
     return "\n".join(lines) + "\n"
 
@@ -147,9 +147,14 @@ def _clip(value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[:MAX_CELL] + "…"
 
 
+def _cell(text: str) -> str:
+    """A table cell relctl composed (metric names and figures): only what would break the table."""
+    return escape.terminal(text).replace("|", "\\|")
+
+
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return escape.markdown(text)   # a reason may quote a model's output: text, never structure
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value))
+    return escape.html(value)

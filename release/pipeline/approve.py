@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from release.core.errors import InputError
+from release.core.escape import markdown
 from release.pipeline.versions import fetch_package
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
@@ -103,6 +104,6 @@ def _mark_card(registry: Registry, model: str, version: str, approval: Approval,
     """One line on the version's card naming the approver (the history entry and the signed tag are the record)."""
     card = registry.get_version(model, version).description or ""
     signed = f"; signed by release key {signer.fingerprint[:16]}" if signer is not None else "; unsigned"
-    line = (f"{APPROVED_MARK} by {approval.approver} ({approval.approver_source}) on {approval.at}: "
-            f"{approval.reason}{signed}.")
+    line = (f"{APPROVED_MARK} by {markdown(approval.approver)} ({approval.approver_source}) on {approval.at}: "
+            f"{markdown(approval.reason)}{signed}.")
     registry.set_description(model, version, f"{line}\n\n{card}" if card else line)

@@ -15,7 +15,6 @@ Recommended (a warning when missing): the git commit tag `mlflow.source.git.comm
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from release.backends.families import check_supported
 from release.config import ReleaseConfig
 from release.core.checkpoint import PICKLE_SUFFIXES
 from release.core.errors import InputError, InputProblems
+from release.core.jsonfile import load_json
 from release.core.model_name import bad_model_name
 from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
@@ -210,11 +210,7 @@ def read_run_config(registry: Registry, run_id: str, ckpt: str) -> dict[str, Any
     """The checkpoint's config.json, downloaded alone (kilobytes) into a temporary folder."""
     with tempfile.TemporaryDirectory(prefix="relctl-config-") as tmp:
         path = registry.download_run_artifact(run_id, f"{ckpt}/config.json", Path(tmp))
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"config.json is not valid JSON ({exc})",
-                             hint="log the config.json that model.config.save_pretrained(dir) writes") from exc
+        data = load_json(path, "log the config.json that model.config.save_pretrained(dir) writes")
     if not isinstance(data, dict):
         raise InputError("config.json: top level is not an object",
                          hint="log the config.json that model.config.save_pretrained(dir) writes")
@@ -228,8 +224,8 @@ def check_adapter_base(registry: Registry, run_id: str, ckpt: str, config: dict[
     with tempfile.TemporaryDirectory(prefix="relctl-adapter-") as tmp:
         path = registry.download_run_artifact(run_id, f"{ckpt}/adapter_config.json", Path(tmp))
         try:
-            adapter = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            adapter = load_json(path, "save the adapter with save_pretrained()")
+        except InputError:
             adapter = None
     if not isinstance(adapter, dict):
         report.problems.append(Problem(f"{ckpt}/adapter_config.json is not a JSON object",

@@ -35,20 +35,27 @@ class Failure:
     bug: bool = False
 
 
-def classify(exc: BaseException) -> Failure:
+# Only promote keeps finished stages and resumes from them: its hints say so; every other command's say
+# what is true for it (a hint belongs to the command that prints it).
+RESUMABLE_COMMANDS = frozenset({"promote"})
+
+
+def classify(exc: BaseException, resumable: bool = False) -> Failure:
+    """`exc` as one line, a hint and an exit code; `resumable`: the command resumes (promote)."""
     if isinstance(exc, ReleaseError):
         return Failure(exc.message, exc.hint, exc.exit_code)
     if isinstance(exc, Terminated):
-        return Failure("terminated (SIGTERM)", exc.hint or "finished stages are kept; re-run the same command to "
-                       "resume (the release report says what was registered)", EXIT_TERMINATED)
+        return Failure("terminated (SIGTERM)", exc.hint or ("finished stages are kept; re-run the same command to "
+                       "resume (the release report says what was registered)" if resumable else None), EXIT_TERMINATED)
     if isinstance(exc, KeyboardInterrupt):
-        return Failure("interrupted", "finished stages are kept; re-run the same command to resume", EXIT_INTERRUPTED)
+        return Failure("interrupted", "finished stages are kept; re-run the same command to resume" if resumable
+                       else None, EXIT_INTERRUPTED)
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Failure(f"out of disk space: {exc}", "free space under the project's .relctl/ folder", EXIT_STAGE_FAILED)
     if _unreachable_registry(exc):
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         return Failure(f"the registry failed: {first}", "check that the tracking server is up, then run the command "
-                       "again (finished stages are kept)", EXIT_STAGE_FAILED)
+                       "again" + (" (finished stages are kept)" if resumable else ""), EXIT_STAGE_FAILED)
     first = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
     return Failure(f"unexpected {first}", None, EXIT_BUG, bug=True)
 

@@ -151,7 +151,7 @@ class Promotion:
                 if isinstance(exc, ReleaseError):
                     exc.report = report
                 if not isinstance(exc, Blocked):
-                    failure = classify(exc)
+                    failure = classify(exc, resumable=True)
                     report.outcome, report.exit_code = "error", failure.exit_code
                     report.failures.append(failure.message)
                 self._finish(run, report, summary_path, failing=exc)

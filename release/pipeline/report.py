@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from release.core.errors import EXIT_BLOCKED, EXIT_RELEASED
+from release.core.escape import job_summary, markdown
 from release.core.package import LEGACY_BACKEND
 from release.core.units import size
 from release.pipeline.engines import engines_section
@@ -126,9 +127,9 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
               + (f" Every number is also a metric of the version's [logged model]({links[METRICS_LINK]})."
                  if METRICS_LINK in links else ""), ""]
     if report.failures:
-        lines += ["## Why it was blocked", *(f"- {f}" for f in report.failures), ""]
+        lines += ["## Why it was blocked", *(f"- {markdown(f)}" for f in report.failures), ""]
     if report.notes:
-        lines += ["## Notes", *(f"- {n}" for n in report.notes), ""]
+        lines += ["## Notes", *(f"- {markdown(n)}" for n in report.notes), ""]
     if report.plots:
         lines += ["## Plots", *(f"- {_link(title, links.get(PLOT_LINK + title), code=False)}"
                                 f" (release run artifact `{path}`)" for title, path in report.plots.items()), ""]
@@ -227,8 +228,7 @@ def memory_fit(report: ReleaseReport) -> tuple[str, str] | None:
 
 
 def _clip(text: str, limit: int = 160) -> str:
-    text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "…"
+    return markdown(text if len(text) <= limit else text[:limit] + "…")   # free text: no table cell escapes it
 
 
 def lineage_section(report: ReleaseReport) -> list[str]:
@@ -240,7 +240,7 @@ def lineage_section(report: ReleaseReport) -> list[str]:
         "| what | value |",
         "|---|---|",
         f"| training run | {_link(str(training.get('run_id')), report.links.get(TRAINING_RUN_LINK))} "
-        f"({training.get('run_name')}) |",
+        f"({markdown(training.get('run_name'))}) |",
         f"| training commit | {_commit(training.get('git_commit'), training.get('git_dirty'))} |",
         *[f"| data `{name}` sha256 | `{digest}` |" for name, digest in training.get("data_sha256", {}).items()],
         f"| config.json sha256 | `{ckpt.get('config_sha256')}` |",
@@ -314,8 +314,8 @@ def summary_markdown(report: ReleaseReport, gates_markdown: str | None) -> str:
                     "results are recorded on it",
     }.get(report.outcome, f"⚠️ **{report.model}**: {report.outcome}")
     lines = [f"## relctl promote `{report.training_run}`", "", headline, ""]
-    lines += [f"- {failure}" for failure in report.failures]
-    lines += [f"- ⚠️ {note}" for note in report.notes]
+    lines += [f"- {job_summary(failure)}" for failure in report.failures]
+    lines += [f"- ⚠️ {job_summary(note)}" for note in report.notes]
     if report.validation:
         lines += ["", f"### Validation ({report.precision} vs fp32 reference)", "",
                   "| metric | value | bound | result |", "|---|---|---|---|"]

@@ -20,7 +20,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from release.core.errors import InputError, RegistryError
-from release.core.model_name import check_model_name, is_reserved_name
+from release.core.model_name import check_model_name, check_version_number, is_reserved_name
 from release.registry import aliases as al
 from release.registry import filters as fl
 from release.registry import lock as lk
@@ -269,6 +269,7 @@ class Registry:
 
     def get_version(self, name: str, version: str) -> VersionRecord:
         # get_model_version carries aliases and tags; search_model_versions does not.
+        check_version_number(version, f"{name} v{version}")
         try:
             return version_record(self.client.get_model_version(name, version))
         except MlflowException as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,10 +23,46 @@ R = TypeVar("R", bound="StageResult")
 def run_standalone(stage: Stage[Any, R], out: Path) -> R:
     """release.pipeline.runner.run_standalone, imported when a stage command runs: the pipeline brings pydantic
     and rich, the stages an engine's libraries and mlflow, none of which `relctl --help` needs
-    (tests/cli/test_startup.py)."""
+    (tests/cli/test_startup.py).
+    OUT (checked before any work by `check_out`) is built under a temporary name beside it and renamed into
+    place: it appears whole or not at all, and a folder the user had there is never written into."""
+    from release.core.outputs import replace_folder, staging_folder
     from release.pipeline.runner import run_standalone as run
 
-    return run(stage, out)
+    with staging_folder(out) as partial:
+        result = run(stage, partial)
+        replace_folder(partial, out)
+    return result
+
+
+def check_out(out: Path) -> Path:
+    """OUT is a new or empty folder (never one holding the user's files): checked before any input is read."""
+    from release.core.outputs import check_new_folder
+
+    return check_new_folder(out, "OUT")
+
+
+def check_checkpoint_folder(folder: Path) -> None:
+    """The checks promote's intake runs (config.json's types, tokenizer.json, safetensors headers, adapter),
+    so a standalone command refuses the same inputs, in seconds, before its builder or merge runs."""
+    from release.stages.intake import check_checkpoint
+
+    check_checkpoint(folder)
+
+
+def check_config(folder: Path) -> None:
+    """config.json of `folder` read by the one loader, its sizes and typed fields checked as intake does."""
+    from release.core import checkpoint as ckpt
+
+    ckpt.check_config_fields(ckpt.read_config(folder))
+
+
+def check_tokenizer_file(path: Path) -> None:
+    """A tokenizer.json the tokenizers library loads (what validation and the builder need), as intake checks."""
+    from release.stages.intake import check_tokenizer
+
+    if path.name == "tokenizer.json":
+        check_tokenizer(path.parent)
 
 
 # Precisions and backends are the installed backends' (checked when the stage runs; `relctl backends` lists
@@ -48,6 +83,7 @@ def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) 
     from release.registry.client import open_registry
     from release.stages.intake import IntakeInputs, IntakeStage
 
+    check_out(out)
     stage = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=artifact_path), open_registry(ctx.project_dir))
     result = run_standalone(stage, out.resolve())
     emit(result.model_dump(mode="json"), as_json,
@@ -64,6 +100,8 @@ def merge(base: Path, adapter: Path, out: Path, as_json: bool) -> None:
     """Fold the PEFT LoRA adapter in ADAPTER into the BASE checkpoint; write the merged checkpoint to OUT."""
     from release.stages.merge import MergeInputs, MergeStage
 
+    check_out(out)
+    check_checkpoint_folder(base)
     result = run_standalone(MergeStage(MergeInputs(upstream="", base=base, adapter=adapter, into="")), out)
     emit(result.model_dump(mode="json"), as_json, lambda: click.echo(f"merged checkpoint written to {out}"))
 
@@ -80,6 +118,8 @@ def convert(model: Path, out: Path, precision: str, backend: str, execution_prov
     """Build the serving folder of the Hugging Face checkpoint MODEL at PRECISION into OUT."""
     from release.stages.convert import ConvertInputs, ConvertStage
 
+    check_out(out)
+    check_checkpoint_folder(model)   # before the builder: config.json's types, a tokenizer.json that loads
     inputs = ConvertInputs(upstream="", precision=precision, backend=backend, execution_provider=execution_provider,
                            checkpoint=model, into="")
     result = run_standalone(ConvertStage(inputs), out)
@@ -109,6 +149,7 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
     from release.stages.validate import ValidateInputs, ValidateStage
 
     cfg = load_config(config_path)
+    check_tokenizer_file(tokenizer or reference / "tokenizer.json")
     inputs = ValidateInputs(reference="", candidate="", prompts_sha256=sha256_file(prompts), thresholds=cfg.validation,
                             reference_dir=reference, candidate_dir=candidate, prompts_path=prompts,
                             backend=backend_for_folder(reference, backend).id,
@@ -142,16 +183,20 @@ def package(runtime_model: Path, source: Path, out: Path, model_name: str, preci
     from release.backends import installed_precisions
     from release.config import ServingConfig
     from release.core.errors import InputError
-    from release.core.package import MANIFEST
+    from release.core.model_name import check_model_name
+    from release.core.package import MANIFEST, load_manifest_data
     from release.stages.package import PackageInputs, PackageStage
 
     if precision not in installed_precisions():
         raise InputError(f"--precision: '{precision}' is not offered by the installed backends",
                          hint=f"use one of {', '.join(installed_precisions())}")
+    check_model_name(model_name, "--model-name")
+    check_out(out)
+    check_config(source)
     fields = {"model_name": model_name, "precision": precision, "serving": ServingConfig().model_dump()}
     run_standalone(PackageStage(PackageInputs(validation="", backend=backend, fields=fields, into="",
                                               runtime_dir=runtime_model, source_dir=source)), out)
-    data = json.loads((out / MANIFEST).read_text())
+    data = load_manifest_data(out / MANIFEST)
     emit(data, as_json, lambda: click.echo(f"package with {len(data['files'])} files written to {out}"))
 
 

@@ -118,6 +118,10 @@ def _secret(env_name: str, what: str) -> str:
               help="Seconds a delivery's timestamp may differ from now; older ones are refused.")
 @click.option("--max-body-bytes", "max_body_bytes", default=DEFAULT_MAX_BODY, show_default=True,
               type=click.IntRange(min=1024), help="Longest delivery body read; a longer one is refused (413) unread.")
+@click.option("--max-connections", default=64, show_default=True, type=click.IntRange(min=4),
+              help="Open connections at most; past it, the client waiting longest for its headers is dropped.")
+@click.option("--header-timeout", "header_timeout_s", default=10.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a client has to send its request headers (and, again, its body) before it is dropped.")
 @click.option("--command", "command", default=None, metavar="CMD",
               help="What a release starts, with {run_id} {model} {version} filled in "
                    "[default: relctl --project-dir DIR promote --model {model} --json -- {run_id}].")
@@ -132,13 +136,15 @@ def _secret(env_name: str, what: str) -> str:
 @click.pass_obj
 @handled
 def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag: str, max_age_s: float,
-                    max_body_bytes: int, command: str | None, github_repo: str | None, github_api_url: str,
+                    max_body_bytes: int, max_connections: int, header_timeout_s: float, command: str | None,
+                    github_repo: str | None, github_api_url: str,
                     github_token_env: str, event_type: str, ready_file: Path | None) -> None:
     """Receive MLflow model-registry webhooks (model_version.created, model_version_tag.set): verify the
     HMAC signature, refuse stale or replayed deliveries (401), and start one promote of the source run of
     each version tagged for release."""
     import uvicorn
 
+    from release.webhook.guard import ConnectionLimits, guarded_protocol
     from release.webhook.receiver import WebhookSettings, create_app
 
     key, sep, value = release_tag.partition("=")
@@ -160,7 +166,8 @@ def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag
     settings = WebhookSettings(secret=_secret(secret_env, "relctl webhook"), state_dir=state, trigger=trigger,
                                version_run=version_run_lookup(ctx.project_dir),
                                release_tag=key, release_value=value, max_age_s=max_age_s,
-                               max_body_bytes=max_body_bytes)
+                               max_body_bytes=max_body_bytes, body_timeout_s=header_timeout_s)
+    limits = ConnectionLimits(header_timeout_s=header_timeout_s, max_connections=max_connections)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -173,5 +180,8 @@ def webhook_command(ctx: Ctx, host: str, port: int, secret_env: str, release_tag
         ready_file.write_text(json.dumps({"url": url, "pid": os.getpid()}))
     click.echo(f"relctl webhook at {url}: a version tagged {key}={value} starts "
                + (f"a repository_dispatch to {github_repo}" if github_repo else "a promote subprocess"), err=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False))
+    # h11, not httptools: its incomplete-event limit bounds header bytes; guarded_protocol bounds the rest.
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", access_log=False,
+                                           http=guarded_protocol(limits),
+                                           h11_max_incomplete_event_size=limits.max_header_bytes))
     server.run(sockets=[sock])

@@ -11,6 +11,7 @@ a subprocess, or a GitHub `repository_dispatch` that runs the promote workflow.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -28,6 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from release.core.errors import InputError
+from release.core.jsonfile import parse_json
 from release.core.model_name import bad_model_name
 
 # The header names are MLflow's own constants, so a rename there breaks here loudly.
@@ -43,6 +46,9 @@ from release.registry.webhooks import (
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 VERSION = re.compile(r"[1-9][0-9]{0,9}")
 DEFAULT_MAX_BODY = 1024 * 1024  # MLflow's deliveries are a few KB: a megabyte is ample headroom
+DEFAULT_BODY_TIMEOUT_S = 10.0   # a body not complete by then is a slow client holding a connection: 408
+MAX_JSON_DEPTH = 16             # MLflow's payloads nest 3 levels
+MAX_STATE_BYTES = 16 * 1024 * 1024
 Trigger = Callable[["ReleaseRequest"], str]
 
 
@@ -81,10 +87,14 @@ class SeenDeliveries:
         self.window_s = window_s
         self.lock = threading.Lock()
         self.seen: dict[str, float] = {}
+        self.damaged = 0   # lines a crash or a full disk cut short: skipped, counted, never fatal
         if path.is_file():
-            for line in path.read_text().splitlines():
-                entry = json.loads(line)
-                self.seen[entry["id"]] = float(entry["at"])
+            for line in path.read_bytes()[:MAX_STATE_BYTES].splitlines():
+                try:
+                    entry = parse_json(line, path.name, "")
+                    self.seen[str(entry["id"])] = float(entry["at"])
+                except (InputError, KeyError, TypeError, ValueError):
+                    self.damaged += 1
 
     def claim(self, delivery_id: str, now: float) -> bool:
         """Record `delivery_id`; False when it was already recorded (a replay)."""
@@ -94,7 +104,9 @@ class SeenDeliveries:
                 return False
             self.seen[delivery_id] = now
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("".join(json.dumps({"id": d, "at": t}) + "\n" for d, t in self.seen.items()))
+            tmp = self.path.with_name(f".{self.path.name}.partial")   # whole or not at all: temp + rename
+            tmp.write_text("".join(json.dumps({"id": d, "at": t}) + "\n" for d, t in self.seen.items()))
+            tmp.replace(self.path)
             return True
 
     def release(self, delivery_id: str) -> None:
@@ -117,6 +129,7 @@ class WebhookSettings:
     max_age_s: float = 300.0
     # Bytes of body read at most; a longer one is refused (413) without being read to its end.
     max_body_bytes: int = DEFAULT_MAX_BODY
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     clock: Callable[[], float] = time.time
     started: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -161,16 +174,20 @@ def create_app(settings: WebhookSettings) -> Starlette:
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > settings.max_body_bytes):
             return refuse(f"body of {declared} bytes; at most {settings.max_body_bytes} are read", 413)
-        body = await read_body(request)
+        try:
+            body = await asyncio.wait_for(read_body(request), settings.body_timeout_s)
+        except TimeoutError:
+            return refuse(f"body not received within {settings.body_timeout_s:.0f}s", 408)
         if body is None:
             return refuse(f"body over {settings.max_body_bytes} bytes", 413)
         if not signature_matches(settings.secret, delivery_id, timestamp, body, signature):
             return refuse("bad signature")
         if not seen.claim(delivery_id, now):
             return refuse("replayed delivery id")
-        try:
-            wanted = release_request(json.loads(body), delivery_id, settings)
-        except (ValueError, UnicodeDecodeError) as exc:  # MalformedPayload and JSONDecodeError are ValueErrors
+        try:   # the one bounded JSON parser: a 50,000-deep body is a 400, not a RecursionError
+            event = parse_json(body, "payload", "", max_depth=MAX_JSON_DEPTH, finite=True)
+            wanted = release_request(event, delivery_id, settings)
+        except (InputError, ValueError, UnicodeDecodeError) as exc:  # MalformedPayload is a ValueError
             return JSONResponse({"accepted": True, "action": "ignored", "reason": f"unreadable payload: {exc}"},
                                 status_code=400)
         except Exception as exc:  # the registry lookup of a tag event's run failed: MLflow retries on 502
