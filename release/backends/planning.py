@@ -37,6 +37,7 @@ class Target:
     rollout_overlap: bool = True
     gpu_name: str | None = None
     price_per_hour: float | None = None
+    context_setting: str = "--context"  # what the user changes to plan another context (a flag or a yaml key)
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "context", "gpus"):
@@ -179,7 +180,7 @@ def sized_per_load_plan(engine: str, shape: ModelShape, precision: str, weights_
     weights + concurrency x one sequence's KV + activations(concurrency, context) + overhead, the replica
     being replaced beside it when the rollout shares the devices. A simple engine's `Backend.plan` can be
     this one call; an engine with its own allocator (paged blocks, a pool taken whole) writes its own."""
-    check_context(shape, target.context)
+    check_context(shape, target.context, target.context_setting)
 
     def replica(concurrency: int, context: int) -> tuple[int, int, int]:
         kv = kv_bytes_per_sequence(shape, kv_dtype_bytes, context) * concurrency

@@ -62,7 +62,7 @@ class MemoryConfig(BaseModel):
                       provider=provider, kv_dtype=self.kv_dtype, prefill_tokens=self.prefill_tokens,
                       headroom=self.headroom, gpu_name=name,
                       rollout_overlap=self.rollout_overlap if self.rollout_overlap is not None else shares_devices,
-                      price_per_hour=price)
+                      price_per_hour=price, context_setting="gates.memory.context")
 
 
 def check_plan_options(backend_id: str, options: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from pydantic import Field
 
 from release.backends import get_backend
 from release.backends.planning import EnginePlan, Target
+from release.backends.shape import shape_from_config
 from release.config import ServingConfig
 from release.core.units import size
 from release.stages.base import Stage, StageInputs, StageResult, location
@@ -63,8 +64,11 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
         serving = ServingConfig.model_validate(self.inputs.settings)
         backend = get_backend(self.inputs.backend)
         facts = backend.memory_facts(self.inputs.runtime_dir, None)
+        # A context beyond the model's positions is never reached: the plan is for what can be (and says so).
+        positions = shape_from_config(json.loads(self.inputs.config_path.read_text())).max_positions
+        context = min(serving.context_tokens, positions)
         target = Target(memory_gib=serving.gpu_memory_gib, concurrency=serving.concurrency,
-                        context=serving.context_tokens, provider="cuda" if facts.provider == "cuda" else "cpu",
+                        context=context, provider="cuda" if facts.provider == "cuda" else "cpu",
                         headroom=0.0, rollout_overlap=serving.rollout_replicas > 1 and backend.rollout_shares_devices)
         with tempfile.TemporaryDirectory(prefix="relctl-memory-") as tmp:
             # The build seen as a package (model/ beside source/config.json), which is what a plan reads.
@@ -74,6 +78,10 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
             shutil.copy2(self.inputs.config_path, view / "source" / "config.json")
             plan = backend.plan(view, target)
         data = estimate(plan, serving)
+        if context < serving.context_tokens:
+            data["context_tokens"] = context
+            data["note"] = (f"serving.context_tokens {serving.context_tokens} is beyond the model's "
+                            f"max_position_embeddings {positions}: planned at {positions}")
         (out / "memory.json").write_text(json.dumps(data, indent=2))
         return MemoryResult(fits=plan.fits, estimate=data)
 

@@ -83,3 +83,35 @@ def test_the_memory_stage_records_the_engines_plan(tiny_fp32: Path, tiny_base_on
     assert result.estimate["per_replica_bytes"] == plan.per_replica_bytes
     assert result.estimate["concurrency"] == serving.concurrency and result.fits
     assert json.loads((tmp_path / "memory.json").read_text())["peak_bytes"] == plan.peak_bytes
+
+
+def test_the_memory_stage_plans_a_vllm_build_with_the_vllm_plan(tmp_path: Path) -> None:
+    """Promote's memory stage on a vLLM build: vLLM's own plan (its processes and the KV pool it takes on CPU),
+    the same per-replica figure the memory gate plans, and a serving context beyond the model's positions
+    planned at the model's maximum, saying so (never a figure for a context the model cannot reach)."""
+    from release.backends.vllm.plan import VLLM_CPU_PROCESS_BYTES
+
+    build = tmp_path / "build"
+    build.mkdir()
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 256,
+              "vocab_size": 320, "max_position_embeddings": 128, "dtype": "float32",
+              "relctl_execution_provider": "cpu"}
+    (build / "config.json").write_text(json.dumps(config))
+    with (build / "model.safetensors").open("wb") as f:
+        f.truncate(4 * 10**6)
+    (build / "tokenizer.json").write_text("{}")
+    stage = MemoryStage(MemoryInputs(candidate="x", settings={"concurrency": 4, "context_tokens": 512,
+                                                              "gpu_memory_gib": 24, "rollout_replicas": 2},
+                                     backend="vllm", runtime_dir=build, config_path=build / "config.json"))
+    result = stage.run(tmp_path)
+    e = result.estimate
+    assert result.fits and e["engine"] == "vllm" and e["context_tokens"] == 128 and "planned at 128" in e["note"]
+    assert e["overhead_bytes"] == VLLM_CPU_PROCESS_BYTES and e["kv_capacity_tokens"] > 0
+    package = tmp_path / "pkg"
+    (package / "source").mkdir(parents=True)
+    (package / "model").symlink_to(build)
+    shutil.copy2(build / "config.json", package / "source" / "config.json")
+    gate_plan = get_backend("vllm").plan(package, Target(memory_gib=4, concurrency=4, context=128, provider="cpu",
+                                                          rollout_overlap=False))
+    assert e["per_replica_bytes"] == gate_plan.per_replica_bytes   # one figure per replica

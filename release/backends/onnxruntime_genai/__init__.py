@@ -140,7 +140,7 @@ class OnnxruntimeGenaiBackend(Backend):
             raise InputError(f"--precision: the {self.id} plan lays out {', '.join(PRECISIONS)}, not {precision}",
                              hint=f"plan one of {', '.join(PRECISIONS)}")
         spec = load_spec(source, precision, target.provider)
-        check_context(spec.shape, target.context)
+        check_context(spec.shape, target.context, target.context_setting)
         return engine_plan(make_plan(spec, target, overlap_bytes), self.id)
 
     def plot_plan(self, plan: EnginePlan, out: Path) -> Path:

@@ -370,11 +370,12 @@ def make_plan(spec: VllmSpec, target: Target, settings: VllmSettings | None = No
               overlap_bytes: int | None = None) -> VllmPlan:
     """Everything `relctl plan --engine vllm` and the memory gate report for `spec` on `target`."""
     settings = settings or VllmSettings()
-    check_context(spec.shape, target.context)
+    check_context(spec.shape, target.context, target.context_setting)
     r = resolve(spec, target, settings)
     if target.context > r.max_model_len:
-        raise InputError(f"--context: {target.context} tokens is beyond vLLM's max_model_len {r.max_model_len}",
-                         hint=f"plan --context {r.max_model_len} or less, or start vLLM with a longer --max-model-len")
+        raise InputError(f"{target.context_setting}: {target.context} tokens is beyond vLLM's max_model_len "
+                         f"{r.max_model_len}", hint=f"set {target.context_setting} to {r.max_model_len} or less, or "
+                                                    "start vLLM with a longer --max-model-len")
     b = breakdown(spec, target, settings, overlap_bytes)
 
     def fits(**changes: Any) -> bool:
