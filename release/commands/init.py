@@ -16,6 +16,8 @@ from pathlib import Path
 
 from release.core.errors import InputError
 from release.core.templates import template_text
+from release.signing.keygen import create_keypair
+from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC
 
 GITIGNORE_LINE = ".relctl/"
 # The line of templates/github-promote.yml that `init` fills in when it knows where relctl came from.
@@ -40,6 +42,7 @@ class InitResult:
     relctl_source: str | None = None
     # The line to run in a shell so that runs logged with MLflow land where relctl reads them.
     tracking_export: str = ""
+    release_key: str | None = None   # the fingerprint of the key pair init made (None: the project had one)
 
 
 def relctl_source() -> str | None:
@@ -99,7 +102,17 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
         _write_atomically(target / rel, text)
         result.written.append(rel)
     result.gitignore = _ensure_gitignore(target / ".gitignore")
+    # Signed from the first release: the project's key pair (private under the git-ignored .relctl/, public
+    # committed as the trusted key); a project that has one keeps it.
+    pair = create_keypair(target, if_missing=True) if not _has_release_key(target) else None
+    if pair is not None and pair.created:
+        result.written += [str(pair.private.relative_to(target)), str(pair.public.relative_to(target))]
+        result.release_key = pair.fingerprint
     return result
+
+
+def _has_release_key(target: Path) -> bool:
+    return (target / DEFAULT_PUBLIC).exists() or (target / DEFAULT_KEY).exists()
 
 
 def _configured_backend(target: Path) -> str | None:

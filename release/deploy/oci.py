@@ -280,10 +280,11 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
     """`relctl publish MODEL/VERSION --to oci://...`: the version's package, fetched and verified (digest
     recorded at release, signature), pushed, and its pinned URI recorded on the version."""
     from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+    from release.deploy.pinning import record_publication  # noqa: PLC0415
     from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
     from release.registry import tags as T  # noqa: PLC0415
     from release.registry.client import open_registry  # noqa: PLC0415
-    from release.signing.keys import project_trust  # noqa: PLC0415
+    from release.signing.keys import project_signing_key, project_trust  # noqa: PLC0415
 
     model, version = parse_version_spec(spec)
     ref = parse_oci(target)   # a bad target fails before anything is downloaded
@@ -291,6 +292,7 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
         raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
                          hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
     trust = project_trust(project_dir)
+    signer = project_signing_key(project_dir)  # signs the publication record; a missing key fails before the push
     registry = open_registry(project_dir, read_only=True)
     mv = registry.get_version(model, version)
     base_image = read_base(base) if base else None
@@ -305,12 +307,16 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
         if base:
             annotations["org.opencontainers.image.base.name"] = base
         uri = publish_package(package.root, f"oci://{ref.host}/{ref.repo}:{tag}", annotations, base_image)
-    registry.set_version_tag(model, version, T.OCI_DIGEST, uri)
+    record_publication(registry, mv, uri, signer)  # the digest, bound to this version by a signed record
     return {"model": model, "version": version, "uri": uri, "tag": f"oci://{ref.host}/{ref.repo}:{tag}"}
 
 
-def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None) -> dict[str, str]:
-    """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified; `dest` is replaced whole."""
+def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None,
+                 version: str | None = None) -> dict[str, str]:
+    """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified; `dest` is replaced whole.
+    `version` (with `model`): the digest must be the one that version's signed publication record names."""
+    from release.deploy.pinning import check_pulled  # noqa: PLC0415 - the version's signed record
+    from release.registry.client import open_registry  # noqa: PLC0415
     from release.signing.keys import project_trust  # noqa: PLC0415
     from release.signing.package import verify_signature  # noqa: PLC0415
 
@@ -323,16 +329,16 @@ def pull_package(source: str, dest: Path, project_dir: Path, model: str | None =
         if source.startswith("oci://"):
             root = pull_artifact(source, partial)
             package = verify_package(root)
-            verdict = verify_signature(root, trust, source)
+            verdict = (check_pulled(open_registry(project_dir, read_only=True), model, version, source, root, trust)
+                       if model is not None and version is not None else verify_signature(root, trust, source))
         else:
             from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
-            from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
-            from release.registry.client import open_registry  # noqa: PLC0415
+            from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - loads mlflow
 
             name, version = parse_version_spec(source)
-            package = fetch_package(open_registry(project_dir, read_only=True), name, version, partial, trust=trust)
+            package, verdict = fetch_verified(open_registry(project_dir, read_only=True), name, version, partial,
+                                              trust=trust)
             root = package.root
-            verdict = verify_signature(root, trust, source)
         if model is not None and package.model_name != model:
             raise InputError(f"{source}: the package is '{package.model_name}', not '{model}'",
                              hint="the pinned reference names another model's package")

@@ -117,6 +117,14 @@ def provenance(model: str, package: PackageManifest, lineage: dict[str, Any], ga
             "manifest_sha256": sha256_file(package.root / MANIFEST), "content_sha256": content_sha256(package)}
 
 
+def signature_line(signed_by: str) -> str:
+    """The card's line on the signature: a reader of the registry UI sees an unsigned version in words."""
+    if signed_by == "unsigned":
+        return "**Signature**: unsigned (release.yaml says `signing: off`; nothing vouches for these bytes)."
+    return (f"**Signature**: signed by release key `{signed_by[:16]}` (OpenSSF model-signing; check it with "
+            "`relctl verify`).")
+
+
 def unfinished_version(registry: Registry, name: str, content: str, release_run: str | None = None) -> str | None:
     """A version of this very package that a crashed (or interrupted) release created but never finished.
 
@@ -231,18 +239,24 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
     resumable = False
 
     def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest,
-                 signer: SigningKey | None = None, builder: str = "relctl promote") -> None:
+                 signer: SigningKey | None = None, builder: str = "relctl promote", *,
+                 require_approval: bool = False) -> None:
         super().__init__(inputs)
         self.registry, self.release, self.package = registry, run, package
-        # Held here, never in the inputs: those are fingerprinted and written to the work folder.
-        self.signer, self.builder = signer, builder
+        # Held here, never in the inputs: those are fingerprinted and written to the work folder. signer None:
+        # `signing: off` (release_key refuses a signing-on project without a key before any stage runs).
+        self.signer, self.builder, self.require_approval = signer, builder, require_approval
 
-    def _sign(self) -> None:
+    def _sign(self) -> str:
+        """Sign the package; what the version's card and `relctl.signed_by` say about it."""
         if self.signer is None:
-            return
+            return "unsigned"
         i = self.inputs
-        sign_package(self.package.root, self.signer, provenance(i.model, self.package, i.lineage, i.extra_tags,
-                                                                self.release.run_id, self.builder))
+        signed = provenance(i.model, self.package, i.lineage, i.extra_tags, self.release.run_id, self.builder)
+        # Binds the signature to this release: readers refuse it for a version another run registered.
+        signed["require_approval"] = self.require_approval
+        sign_package(self.package.root, self.signer, signed)
+        return self.signer.fingerprint
 
     def run(self, out: Path) -> RegisterResult:
         i, registry = self.inputs, self.registry
@@ -261,10 +275,12 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
-            self._sign()
-            version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
+            signed_by = self._sign()
+            version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags,
+                              f"{i.description}\n\n{signature_line(signed_by)}",
                               state="registered" if i.target == "none" else "registering", numbers=i.numbers,
                               details=i.details)
+            registry.set_version_tag(i.model, version, T.SIGNED_BY, signed_by)
         else:
             notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
             # This release's evidence replaces what the crashed one had recorded.

@@ -49,6 +49,7 @@ def keypair(folder: Path) -> tuple[Path, Path]:
     private, public = folder / "release.pem", folder / "release.pub"
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    private.chmod(0o600)  # a private key readable by others is refused
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public

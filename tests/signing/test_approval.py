@@ -219,7 +219,7 @@ def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production
 
     from tests.stages.test_canary_release import CANARY
 
-    for name in (KEY_ENV, TRUSTED_ENV, UNSIGNED_ENV, USER_ENV):
+    for name in (UNSIGNED_ENV, USER_ENV):  # signed with the session's release key (tests/conftest.py)
         monkeypatch.delenv(name, raising=False)
     project = tmp_path_factory.mktemp("approval-canary")
     train = load_train_module()
@@ -246,9 +246,9 @@ def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production
     monkeypatch.setenv(USER_ENV, "carol")
     approved = relctl(project, "approve", f"{MODEL}/2", "--reason", "canary looked fine")
     assert approved.exit_code == 0, approved.output
-    assert "(approval unsigned: no signing key)" in approved.stdout
+    assert f"(signed with ${KEY_ENV})" in approved.stdout
     assert registry.aliases(MODEL) == {"production": "2", "previous": "1"}
     last = registry.history(MODEL)[-1]
     assert (last.action, last.user, last.changes) == ("approve", "carol", {
         "production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]})
-    assert registry.get_version(MODEL, "2").tags[T.APPROVAL_SIGNATURE] == ""
+    assert registry.get_version(MODEL, "2").tags[T.APPROVAL_SIGNATURE] != ""
