@@ -111,7 +111,7 @@ def tiny_unsafe_data(tiny_unsafe_run: Any) -> Path:
 @pytest.fixture(scope="session")
 def release_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(private key, public key): the session's release key pair, as `relctl keygen` writes one."""
-    from release.signing.keygen import create_keypair  # noqa: PLC0415 - after the path setup above
+    from release.signing.keygen import create_keypair
 
     pair = create_keypair(tmp_path_factory.mktemp("release-keys"))
     return pair.private, pair.public
@@ -120,7 +120,7 @@ def release_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 @pytest.fixture(autouse=True)
 def release_keys(release_keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
     """Every test project is signed and verified (signing is on unless release.yaml says `signing: off`)."""
-    from release.signing.keys import KEY_ENV, TRUSTED_ENV  # noqa: PLC0415
+    from release.signing.keys import KEY_ENV, TRUSTED_ENV
 
     monkeypatch.setenv(KEY_ENV, str(release_keypair[0]))
     monkeypatch.setenv(TRUSTED_ENV, str(release_keypair[1]))

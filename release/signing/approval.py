@@ -165,4 +165,4 @@ def approval_status(tags: Mapping[str, str], trust: Trust, model: str, version: 
         signer = verify_approval(statement, signature, trust)
     except InputError as exc:
         return ApprovalStatus(False, f"not approved: {exc.message}", who, at, why)
-    return ApprovalStatus(True, f"approved by {who} on {at} (signed by {signer})", who, at, why, signer)
+    return ApprovalStatus(True, f"approved by {who} on {at} (approval signed by {signer})", who, at, why, signer)

@@ -1,12 +1,18 @@
 """Which key signs a release and which public keys are trusted, from release.yaml's `signing:` block and env.
 
-- The signing key: `RELCTL_SIGNING_KEY` (a path to a PEM file, or the PEM text itself, as CI secrets come)
-  or `signing.key` (a path relative to release.yaml's folder); `RELCTL_SIGNING_KEY_PASSWORD` for an
-  encrypted key. It is a secret: messages name its path or the variable, never its content, and it is
-  loaded (and checked to be an EC private key) before any slow stage, so a bad key fails in seconds.
-- The trusted keys: `signing.trusted_keys` plus `RELCTL_TRUSTED_KEYS` (PEM public key paths separated by
-  os.pathsep). With none configured nothing is verified (a project that never set up signing keeps
-  working); with any, every registered version must carry a signature by one of them.
+Signing is on unless release.yaml says `signing: off` (the whole block): every release is signed and every
+registered version verified; a project without a key is refused before any slow stage with the one command
+that makes one (`relctl keygen`).
+
+- The signing key: `RELCTL_SIGNING_KEY` (as CI secrets come: the PEM, quoted or `\\n`-escaped or after a
+  comment line, base64 of the PEM or DER, or a path to a key file) or `signing.key` (default
+  `.relctl/keys/release.pem`, relative to release.yaml's folder); `RELCTL_SIGNING_KEY_PASSWORD` for an
+  encrypted key. It is a secret: messages name its path or the variable, never its content; a key file
+  readable by group or others is refused with the chmod that fixes it; it is loaded (and checked to be an
+  EC private key whose public half the project trusts) before any slow stage.
+- The trusted keys: `signing.trusted_keys` (default `keys/release.pub`, committed) plus `RELCTL_TRUSTED_KEYS`
+  (PEM public key paths separated by os.pathsep). With none, a registered version cannot be verified and is
+  refused (under `signing: off` nothing is verified, and readers say "unsigned").
 - `signing.unsigned` (or `RELCTL_UNSIGNED`): what a registered version with no signature gets (one
   released before signing was set up): `refuse` (default) or `warn`.
 """
