@@ -13,8 +13,8 @@ lock, the alias move re-checks that production is still the version the gates co
 Signing is on unless release.yaml says `signing: off` (release/signing/keys.py): the package is signed
 here, after every gate before register passed and before it is logged: `relctl-provenance.json` (which
 runs, data, weights, code and gates produced it) is written into the folder and the OpenSSF model-signing
-signature covers it with every other file (the provenance names the model and this release run, which binds the signature to the
-version it creates). What is logged as `package/` is what was signed.
+signature covers it with every other file (the provenance names the model and this release run, which binds
+the signature to the version it creates). What is logged as `package/` is what was signed.
 """
 
 from __future__ import annotations
