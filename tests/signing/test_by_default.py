@@ -230,3 +230,25 @@ def test_the_image_entrypoint_refuses_to_serve_when_it_trusts_no_key_or_the_pack
                               capture_output=True, text=True, timeout=120, check=False)
     assert tampered.returncode == 2, tampered.stderr[-2000:]
     assert f"{MODEL} v{v1}: model/genai_config.json differs from the signed package" in tampered.stderr
+
+
+def test_init_makes_a_project_whose_first_release_is_signed(project_dir: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (KEY_ENV, TRUSTED_ENV):
+        monkeypatch.delenv(name, raising=False)
+    subprocess.run(["git", "init", "-q", str(project_dir)], check=True, timeout=30)
+    made = relctl(project_dir, "init")
+    assert made.exit_code == 0, made.output
+    assert "release key: .relctl/keys/release.pem" in made.stdout
+    private = project_dir / DEFAULT_KEY
+    assert private.stat().st_mode & 0o777 == 0o600
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(private)], cwd=project_dir, timeout=30, check=False)
+    assert ignored.returncode == 0, "the private key must be ignored by git"
+    tracked = subprocess.run(["git", "check-ignore", "-q", str(project_dir / DEFAULT_PUBLIC)], cwd=project_dir,
+                             timeout=30, check=False)
+    assert tracked.returncode == 1, "the public key is committed"
+    v1 = _register(project_dir, tmp_path, 1)
+    verified = relctl(project_dir, "verify", f"{MODEL}/{v1}")
+    assert verified.exit_code == 0 and "verified, signed by release.pub" in verified.stdout
+    again = relctl(project_dir, "init", "--force")  # a project that has its key keeps it
+    assert again.exit_code == 0 and "release key:" not in again.stdout

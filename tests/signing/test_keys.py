@@ -107,9 +107,10 @@ def test_no_output_log_report_or_stored_file_holds_the_key(
     assert results[1].exit_code == 0, results[1].output
     broken = [base64.b64encode(pem.encode()).decode()[:-30], pem.replace("\n", " ")[:-40],
               "# release key\n" + pem[:-60]]
+    second = _package(tmp_path, 2)
     for value in broken:
         monkeypatch.setenv(KEY_ENV, value)
-        for args in (("check", run_id), ("register", str(_package(tmp_path, 2)), "--model", MODEL)):
+        for args in (("check", run_id), ("register", str(second), "--model", MODEL)):
             result = relctl(project_dir, *args)
             assert result.exit_code == 2, result.output
             assert f"${KEY_ENV}" in result.stderr
