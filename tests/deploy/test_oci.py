@@ -34,9 +34,12 @@ def published(project: Project, oci_registry: OciRegistry, tmp_path_factory: pyt
     published once for the module; its pinned oci://...@sha256 URI."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RELCTL_SIGNING_KEY", str(project.private_key))
+        mp.setenv("RELCTL_TRUSTED_KEYS", str(project.public_key))
         package = genai_package(tmp_path_factory.mktemp("oci-package"), "cpu", "cpu", model="oci-llm")
         assert register(project, package, "oci-llm", 3 * GIB) == "1"
-    result = project.relctl("publish", "oci-llm/1", "--to", f"oci://{oci_registry.host}/models/tiny-llm", "--json")
+        # publish signs the record that binds the digest to v1 (release/deploy/pinning.py)
+        result = project.relctl("publish", "oci-llm/1", "--to", f"oci://{oci_registry.host}/models/tiny-llm",
+                                "--json")
     assert result.exit_code == 0, result.output
     uri: str = json.loads(result.stdout)["uri"]
     return uri

@@ -147,10 +147,11 @@ def test_a_package_signed_by_an_untrusted_key_is_refused_naming_the_signer(
         signed_project: Path, tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     v1 = _register(signed_project, tmp_path, 1)
     monkeypatch.setenv(KEY_ENV, keys["other"].read_text())  # the PEM itself, as a CI secret passes it
+    second = _package(tmp_path, 2)
     with pytest.raises(InputError, match="is not a trusted key of this project"):  # register refuses it first
-        _register(signed_project, tmp_path, 2)
+        api.register(second, MODEL, signed_project, production=True)
     monkeypatch.setenv(TRUSTED_ENV, str(keys["other_pub"]))  # trusted while it signs, then no longer
-    v2 = _register(signed_project, tmp_path, 2)
+    v2, _run = api.register(second, MODEL, signed_project, production=True)
     monkeypatch.delenv(KEY_ENV)
     monkeypatch.delenv(TRUSTED_ENV)
     registry = Registry(resolve_store(signed_project))
