@@ -43,12 +43,17 @@ _LABEL_KEY = re.compile(r"(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
+def _shown(value: str) -> str:
+    """The value as a message shows it: quoted (newlines escaped) when it holds a space or a control character."""
+    return value if value.isprintable() and " " not in value and '"' not in value else json.dumps(value)
+
+
 def check_k8s_name(value: str, what: str, *, subdomain: bool = False) -> None:
     """InputError (exit 2) unless `value` is an RFC 1123 label (or subdomain): lower case, digits, '-'."""
     limit = 253 if subdomain else 63
     pattern = _SUBDOMAIN if subdomain else _LABEL
     if not pattern.fullmatch(value) or len(value) > limit:
-        shown = json.dumps(value)  # quoted: a newline or space in it shows as what it is
+        shown = _shown(value)
         kind = "subdomain" if subdomain else "label"
         raise InputError(f"{what} {shown}: not a valid Kubernetes name (RFC 1123 {kind})",
                          hint=f"lower-case letters, digits and '-'{', and dots' if subdomain else ''}, starting and "
@@ -58,7 +63,7 @@ def check_k8s_name(value: str, what: str, *, subdomain: bool = False) -> None:
 def check_image(value: str, what: str) -> None:
     """InputError unless `value` is an image reference as registries and kubelet parse it."""
     if not _IMAGE.fullmatch(value) or len(value) > 512:
-        raise InputError(f"{what} {json.dumps(value)}: not a valid image reference",
+        raise InputError(f"{what} {_shown(value)}: not a valid image reference",
                          hint="e.g. registry.example.com/team/relctl-serve:0.1.0 or ...@sha256:<64 hex>; no spaces, "
                               "upper-case repository names or line breaks")
 
@@ -77,11 +82,11 @@ def check_deploy_names(*, name: str | None, namespace: str | None, secret: str, 
         if image is not None:
             check_image(image, option)
     if not _LABEL_KEY.fullmatch(gpu_resource):
-        raise InputError(f"--gpu-resource {json.dumps(gpu_resource)}: not a Kubernetes resource name",
+        raise InputError(f"--gpu-resource {_shown(gpu_resource)}: not a Kubernetes resource name",
                          hint="e.g. nvidia.com/gpu")
     for key, value in (node_selector or {}).items():
         if not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
-            raise InputError(f"--node-selector {json.dumps(f'{key}={value}')}: not a valid Kubernetes label",
+            raise InputError(f"--node-selector {_shown(f'{key}={value}')}: not a valid Kubernetes label",
                              hint="e.g. --node-selector nvidia.com/gpu.present=true")
 
 
