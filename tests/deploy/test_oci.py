@@ -135,6 +135,9 @@ def test_render_pins_the_published_digest(project: Project, published: str, tmp_
     cache = tmp_path / "cache"
     cache.mkdir()   # the emptyDir volume
     monkeypatch.setenv("RELCTL_TRUSTED_KEYS", str(project.public_key))
+    # The pod's registry (the Secret's MLFLOW_TRACKING_URI): pull checks the digest against v1's signed record.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project.root / '.relctl' / 'mlflow.db'}")
+    assert pull["command"][pull["command"].index("--version") + 1] == "1"
     argv = [a.replace("/var/cache/relctl", str(cache)) for a in pull["command"][1:]]
     from click.testing import CliRunner
 
