@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -117,14 +118,17 @@ def release_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     return pair.private, pair.public
 
 
-@pytest.fixture(autouse=True)
-def release_keys(release_keypair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """Every test project is signed and verified (signing is on unless release.yaml says `signing: off`)."""
+@pytest.fixture(scope="session", autouse=True)
+def release_keys(release_keypair: tuple[Path, Path]) -> Iterator[tuple[Path, Path]]:
+    """Every test project is signed and verified (signing is on unless release.yaml says `signing: off`).
+    Session-wide, so module fixtures that promote or register (before any function fixture) sign too; a test
+    that changes the variables with monkeypatch gets them back afterwards."""
     from release.signing.keys import KEY_ENV, TRUSTED_ENV
 
-    monkeypatch.setenv(KEY_ENV, str(release_keypair[0]))
-    monkeypatch.setenv(TRUSTED_ENV, str(release_keypair[1]))
-    return release_keypair
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KEY_ENV, str(release_keypair[0]))
+        mp.setenv(TRUSTED_ENV, str(release_keypair[1]))
+        yield release_keypair
 
 
 @pytest.fixture()
