@@ -9,8 +9,6 @@ import click
 
 from release.commands.init import init_project, relctl_source
 from release.commands.support import Ctx, emit, handled, json_option
-from release.signing.keygen import create_keypair
-from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC
 
 
 @click.command("init")
@@ -36,6 +34,8 @@ def init_command(ctx: Ctx, directory: Path | None, force: bool, as_json: bool) -
             click.echo("runs: log your training runs where relctl reads them; in the shell that trains, run")
             click.echo(f"  {result.tracking_export}")
         if result.release_key:
+            from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC
+
             click.echo(f"release key: {DEFAULT_KEY} (private, git-ignored, 0600) and {DEFAULT_PUBLIC} (commit it); "
                        f"fingerprint {result.release_key[:16]}. CI signs with the same key: store the private key's "
                        "text as the repository secret RELCTL_SIGNING_KEY")
@@ -58,6 +58,8 @@ def keygen_command(ctx: Ctx, if_missing: bool, as_json: bool) -> None:
     """Make the project's release key pair: the private key at .relctl/keys/release.pem (git-ignored, mode 0600)
     and its public half at keys/release.pub (commit it: the project's trusted key). Every release is signed
     with it; CI takes the private key from the RELCTL_SIGNING_KEY secret."""
+    from release.signing.keygen import create_keypair
+
     pair = create_keypair(ctx.project_dir.resolve(), if_missing=if_missing)
     data = {"private_key": str(pair.private), "public_key": str(pair.public), "fingerprint": pair.fingerprint,
             "created": pair.created}

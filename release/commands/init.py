@@ -16,8 +16,6 @@ from pathlib import Path
 
 from release.core.errors import InputError
 from release.core.templates import template_text
-from release.signing.keygen import create_keypair
-from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC
 
 GITIGNORE_LINE = ".relctl/"
 # The line of templates/github-promote.yml that `init` fills in when it knows where relctl came from.
@@ -104,6 +102,8 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
     result.gitignore = _ensure_gitignore(target / ".gitignore")
     # Signed from the first release: the project's key pair (private under the git-ignored .relctl/, public
     # committed as the trusted key); a project that has one keeps it.
+    from release.signing.keygen import create_keypair  # noqa: PLC0415 - the CLI's import stays light (no yaml)
+
     pair = create_keypair(target, if_missing=True) if not _has_release_key(target) else None
     if pair is not None and pair.created:
         result.written += [str(pair.private.relative_to(target)), str(pair.public.relative_to(target))]
@@ -112,6 +112,8 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
 
 
 def _has_release_key(target: Path) -> bool:
+    from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC  # noqa: PLC0415
+
     return (target / DEFAULT_PUBLIC).exists() or (target / DEFAULT_KEY).exists()
 
 
