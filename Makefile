@@ -73,6 +73,8 @@ test-scale: install postgres
 # The whole story on the example: v1 to production, v2 replaces it, rollback, history.
 demo: export MLFLOW_LOGGING_LEVEL=WARNING
 demo: install
+	@echo "== the example's release key pair (signed from the first release; kept if it exists)"
+	$(RELCTL) keygen --if-missing
 	@echo "== training run 1 (about a minute on 2 cores)"
 	@$(BIN)/python $(DEMO)/train.py --project-dir $(DEMO) --seed 0 | tail -n 1 > $(DEMO)/.relctl-run1
 	$(RELCTL) promote $$(cat $(DEMO)/.relctl-run1)
@@ -82,6 +84,7 @@ demo: install
 	$(RELCTL) rollback tiny-llm --reason "demo: back to the first release"
 	$(RELCTL) history tiny-llm
 	$(RELCTL) status tiny-llm
+	$(RELCTL) verify tiny-llm@production
 	@echo "== browse it: make demo-ui  (MLflow UI on http://127.0.0.1:5000)"
 
 demo-ui: install

@@ -239,7 +239,7 @@ def approve(ctx: Ctx, spec: str, reason: str, as_json: bool) -> None:
     data = {"approval": asdict(a), "signed_by": done.signed_by, "move": asdict(done.move) if done.move else None}
     emit(data, as_json, lambda: click.echo(
         f"{a.model} v{a.version} approved by {a.approver} ({a.approver_source}); it is production"
-        + (f" (signed with {done.signed_by})" if done.signed_by else " (approval unsigned: no signing key)")))
+        + (f" (signed with {done.signed_by})" if done.signed_by else " (approval unsigned: signing is off)")))
 
 
 @cli.command()
@@ -255,6 +255,8 @@ def history(ctx: Ctx, model: str, as_json: bool) -> None:
     engines = api.engine_labels(model, ctx.project_dir) if moves else {}
 
     def text() -> None:
+        if api.signing_off(ctx.project_dir):
+            click.echo("unsigned: release.yaml says `signing: off`, so no version below is signed or verified")
         for m in moves:
             changes = ", ".join(f"{a}: {_versions(f, engines)} -> {_versions(t, engines)}"
                                 for a, (f, t) in sorted(m.changes.items()))
@@ -277,11 +279,10 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
     data = api.verify(spec, ctx.project_dir)
     what = f"{data['model']} v{data['version']}" if "model" in data else data["package"]
     approval = data.get("approval")
-    approved = "" if not approval else (
-        f"; approved by {approval['approver']} on {approval['at']}"
-        + (f" (approval signed by {approval['signed_by']})" if approval["signed_by"] else " (approval unsigned)"))
-    emit(data, as_json, lambda: click.echo(f"{what}: verified, signed by {data['signed_by']} "
-                                           f"({str(data['fingerprint'])[:16]}){approved}"))
+    approved = f"; {approval['text']}" if approval else ""
+    signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
+              else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
+    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}"))
 
 
 @cli.command()
@@ -304,7 +305,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
             commit = str(info["git_commit"])[:10] if info["git_commit"] else "not recorded"
             click.echo(terminal(f"{model}@{alias}: v{info['version']} ({info['backend']} "
                        f"{info['precision'] or 'unknown precision'}) from run "
-                       f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates})"))
+                       f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates}; "
+                       f"{info['signature']}{'; ' + info['approval'] if info['approval'] else ''})"))
 
     emit(data, as_json, text)
 
@@ -373,7 +375,7 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
-    from release.commands.cli import init_command
+    from release.commands.cli import init_command, keygen_command, sign_command
     from release.deploy.cli import publish_command, pull_command, render_group
     from release.gating.cli import gate
     from release.memory.cli import plan_command
@@ -382,8 +384,8 @@ def _attach_commands() -> None:
     from release.stages.cli import STAGE_COMMANDS
     from release.webhook.cli import webhook_command
 
-    for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, canary_command, plan_command,
-                    webhook_command, render_group, publish_command, pull_command]:
+    for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, keygen_command, canary_command,
+                    plan_command, webhook_command, render_group, publish_command, pull_command, sign_command]:
         cli.add_command(command)
 
 

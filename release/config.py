@@ -132,14 +132,20 @@ class ServingConfig(Strict):
 
 class SigningConfig(Strict):
     # Paths, relative to release.yaml's folder. The private key is a secret: only its path is ever named.
-    key: str | None = Field(None, description="PEM EC private key (P-256/384/521) that signs each release; "
-                                              "RELCTL_SIGNING_KEY (a path or the PEM itself) overrides it")
+    # Signing is on unless release.yaml says `signing: off`: every release is signed and every registered
+    # version verified (release/signing/keys.py); `relctl keygen` makes the key pair at the default paths.
+    enabled: bool = Field(True, description="sign every release and verify every version; `signing: off` (the "
+                                            "whole block) releases unsigned and says so everywhere")
+    key: str | None = Field(None, description="PEM EC private key (P-256/384/521) that signs each release, outside "
+                                              "git (mode 0600); default .relctl/keys/release.pem (relctl keygen); "
+                                              "RELCTL_SIGNING_KEY (a path, the PEM, or base64 PEM) overrides it")
     trusted_keys: list[str] = Field(default_factory=list, description="PEM public keys whose signatures serve, "
-                                                                     "roll back and canary (plus RELCTL_TRUSTED_KEYS)")
+                                                                     "roll back and canary (plus RELCTL_TRUSTED_KEYS); "
+                                                                     "default keys/release.pub (committed)")
     unsigned: Literal["refuse", "warn"] = Field(
         "refuse", description="registered versions without a signature (released before signing): refuse them "
                               "(serve, rollback, canary, gates) or warn; a package folder is always served with a "
-                              "warning. Only when trusted keys are configured")
+                              "warning")
 
 
 class EngineConfig(Strict):
@@ -188,6 +194,14 @@ class ReleaseConfig(Strict):
     # Each gate validates its own block (gates/<id>.py); unknown gate ids are refused there. Last: the starter
     # release.yaml writes it as the commented-out tail of the file.
     gates: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("signing", mode="before")
+    @classmethod
+    def _signing_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads `signing: off` as false; the string form is accepted as well.
+        if value is False or (isinstance(value, str) and value.strip().lower() == "off"):
+            return {"enabled": False}
+        return value
 
     @field_validator("engines")
     @classmethod

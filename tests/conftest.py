@@ -15,6 +15,9 @@ Session fixtures are built once under pytest's tmp dir and shared: copy a folder
   only by tests that ask for it): the candidate a safety gate must reject.
 - tinyllm: the examples/tiny-llm/tinyllm.py module (greedy_generate, exact_match, make_safety, ...).
 - project_dir: a fresh folder per test; its embedded MLflow store is project_dir/.relctl.
+- release_keys (autouse, through the environment): signing is on by default, so every test project signs
+  with one session key pair, as CI does: RELCTL_SIGNING_KEY names the private key (0600) and
+  RELCTL_TRUSTED_KEYS its public half. A test about signing itself unsets them (tests/signing).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -103,6 +107,28 @@ def tiny_unsafe_checkpoint(tiny_unsafe_run: Any) -> Path:
 def tiny_unsafe_data(tiny_unsafe_run: Any) -> Path:
     path: Path = tiny_unsafe_run.data_dir
     return path
+
+
+@pytest.fixture(scope="session")
+def release_keypair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(private key, public key): the session's release key pair, as `relctl keygen` writes one."""
+    from release.signing.keygen import create_keypair
+
+    pair = create_keypair(tmp_path_factory.mktemp("release-keys"))
+    return pair.private, pair.public
+
+
+@pytest.fixture(scope="session", autouse=True)
+def release_keys(release_keypair: tuple[Path, Path]) -> Iterator[tuple[Path, Path]]:
+    """Every test project is signed and verified (signing is on unless release.yaml says `signing: off`).
+    Session-wide, so module fixtures that promote or register (before any function fixture) sign too; a test
+    that changes the variables with monkeypatch gets them back afterwards."""
+    from release.signing.keys import KEY_ENV, TRUSTED_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KEY_ENV, str(release_keypair[0]))
+        mp.setenv(TRUSTED_ENV, str(release_keypair[1]))
+        yield release_keypair
 
 
 @pytest.fixture()

@@ -91,8 +91,9 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     if to_version is not None:
         check_version_number(to_version, "--to")
+    from release.pipeline.approve import require_approved  # noqa: PLC0415 - as above
     from release.pipeline.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
-    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - as above
+    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - as above
 
     registry = open_registry(project_dir)
     registry.require_model(model)
@@ -103,9 +104,11 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
     def verify(target: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            # refuses a package that differs from its release, or is not signed by a trusted key
-            fetch_package(registry, model, target, Path(tmp), trust=trust,
-                          warn=(progress or Progress(quiet=False)).note)
+            # refuses a package that differs from its release, is not signed by a trusted key, or vouches for
+            # another version; then a version released under require_approval needs its signed approval
+            _package, verdict = fetch_verified(registry, model, target, Path(tmp), trust=trust,
+                                               warn=(progress or Progress(quiet=False)).note)
+        require_approved(registry, model, target, verdict, trust)
         verified.add(target)
 
     # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
@@ -168,20 +171,18 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
     """`relctl verify`: a registered version (MODEL/VERSION, MODEL@ALIAS) or a package folder, checked against
     its manifest and signed by a trusted key. Unsigned is refused here whatever signing.unsigned says."""
     from release.core.package import verify_package  # noqa: PLC0415 - keeps api's import light
-    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - as above
+    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - as above
     from release.serving.source import parse_spec  # noqa: PLC0415 - as above
     from release.signing.package import verify_signature  # noqa: PLC0415 - as above
 
     trust = project_trust(project_dir)
-    if not trust.enforced:
-        raise InputError("no trusted keys configured, so no signature can be verified",
-                         hint="list public keys in release.yaml signing.trusted_keys or RELCTL_TRUSTED_KEYS")
-    trust = dataclasses.replace(trust, unsigned="refuse")
+    if not trust.off:
+        trust = dataclasses.replace(trust, unsigned="refuse")
     if Path(spec).is_dir():
         package = verify_package(Path(spec))
         verdict = verify_signature(package.root, trust, Path(spec).name)
-        return {"package": spec, "signed_by": verdict.signed_by, "fingerprint": verdict.fingerprint,
-                "provenance": verdict.provenance}
+        return {"package": spec, "signature": verdict.status, "signed_by": verdict.signed_by,
+                "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
     ref = parse_spec(spec)
     registry = open_registry(project_dir)
     version = ref.version
@@ -191,32 +192,26 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
             raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.name}")
         version = str(found.version)
     with tempfile.TemporaryDirectory() as tmp:
-        package = fetch_package(registry, ref.name, version, Path(tmp), trust=trust)
-        verdict = verify_signature(package.root, trust, f"{ref.name} v{version}")
-    return {"model": ref.name, "version": version, "signed_by": verdict.signed_by,
+        _package, verdict = fetch_verified(registry, ref.name, version, Path(tmp), trust=trust)
+    return {"model": ref.name, "version": version, "signature": verdict.status, "signed_by": verdict.signed_by,
             "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
-            "approval": _verified_approval(registry.get_version(ref.name, version).tags, trust,
-                                           f"{ref.name} v{version}")}
+            "approval": _verified_approval(registry.get_version(ref.name, version).tags, trust, ref.name, version)}
 
 
-def _verified_approval(tags: dict[str, str], trust: Any, what: str) -> dict[str, Any] | None:
-    """The version's approval (relctl approve), its signature checked against the trusted keys and its digests
-    against the version's; None when it was never approved. A signed approval that does not verify, or one
-    for other bytes, is exit 2; an unsigned one is reported as such (no key was configured when it was made)."""
-    from release.registry import tags as T  # noqa: PLC0415 - keeps api's import light
-    from release.signing.approval import parse_statement, verify_approval  # noqa: PLC0415 - as above
+def _verified_approval(tags: dict[str, str], trust: Any, model: str, version: str) -> dict[str, Any] | None:
+    """The version's approval (relctl approve) as approval_status reads it; None when it was never approved.
+    An approval that is not signed by a trusted key, or is for other bytes, is exit 2: the version is not
+    approved, and someone wrote that it was."""
+    from release.signing.approval import approval_status  # noqa: PLC0415 - keeps api's import light
 
-    statement = tags.get(T.APPROVAL)
-    if not statement:
+    found = approval_status(tags, trust, model, version)
+    if found.text == "not approved":
         return None
-    approval = parse_statement(statement)
-    if (approval.get("manifest_sha256"), approval.get("content_sha256")) != (tags.get(T.MANIFEST_SHA256),
-                                                                               tags.get(T.CONTENT_SHA256)):
-        raise InputError(f"{what}: its approval is for other package bytes than the version's",
-                         hint="approve the version again with relctl approve")
-    signature = tags.get(T.APPROVAL_SIGNATURE, "")
-    return {"approver": approval.get("approver"), "at": approval.get("at"), "reason": approval.get("reason"),
-            "signed_by": verify_approval(statement, signature, trust) if signature else None}
+    if not found.approved:
+        raise InputError(f"{model} v{version}: {found.text}",
+                         hint=f"only `relctl approve {model}/{version}` with a trusted release key approves a version")
+    return {"approver": found.approver, "at": found.at, "reason": found.reason, "signed_by": found.signed_by,
+            "text": found.text}
 
 
 def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None = None) -> Any:
@@ -238,6 +233,47 @@ def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None
     registry = open_registry(project_dir)
     return approve_version(registry, name, version, reason, who, trust, signer,
                            (progress or Progress(quiet=False)).note)
+
+
+def signing_off(project_dir: Path) -> bool:
+    """release.yaml says `signing: off`: history and status say "unsigned" in words."""
+    from release.config import load_config  # noqa: PLC0415 - keeps api's import light
+    from release.signing.keys import project_config  # noqa: PLC0415
+
+    return not load_config(project_config(project_dir)).signing.enabled
+
+
+def _signature_words(tags: dict[str, str]) -> str:
+    """What status says about a version's signature (the tag register wrote; `relctl verify` checks it)."""
+    signed_by = tags.get(T.SIGNED_BY)
+    if signed_by == "unsigned":
+        return "unsigned (released with signing: off)"
+    return f"signed by key {signed_by[:16]}" if signed_by else "unsigned (released before signing)"
+
+
+def _approval_words(tags: dict[str, str], project_dir: Path, model: str, version: str) -> str | None:
+    """The approval as approval_status reads it (a hand-written unsigned one is "not approved"); None: none."""
+    from release.signing.approval import approval_status  # noqa: PLC0415 - keeps api's import light
+
+    if not tags.get(T.APPROVAL):
+        return None
+    try:
+        trust = project_trust(project_dir)
+    except InputError as exc:
+        return f"not checked: {exc.message}"
+    return approval_status(tags, trust, model, version).text
+
+
+def sign_versions(model: str, project_dir: Path, version: str | None = None) -> list[Any]:
+    """`relctl sign MODEL`: sign the versions released unsigned (release/pipeline/sign_existing.py)."""
+    check_model_name(model, "model")
+    from release.pipeline.sign_existing import sign_existing  # noqa: PLC0415 - not for the read commands
+
+    key = project_signing_key(project_dir)  # refuses a missing or untrusted key before anything is read
+    trust = project_trust(project_dir)
+    if key is None:
+        raise InputError("release.yaml says `signing: off`", hint="remove `signing: off` first, then relctl sign")
+    return sign_existing(open_registry(project_dir), model, key, trust, version)
 
 
 def history(model: str, project_dir: Path) -> list[AliasMove]:
@@ -290,6 +326,8 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "data": {k: v for k, v in lineage.items() if k.startswith(T.DATA_PREFIX)},
             "gates": T.gate_statuses(tags),
             "validation": T.with_prefix(metrics, T.VALIDATION_PREFIX),
+            "signature": _signature_words(tags),
+            "approval": _approval_words(tags, project_dir, model, version),
             "model_uri": links.model_uri(model, version),
             "link": links.version_link(registry.store.tracking_uri, model, version),
         }

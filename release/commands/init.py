@@ -43,6 +43,7 @@ class InitResult:
     relctl_source: str | None = None
     # The line to run in a shell so that runs logged with MLflow land where relctl reads them.
     tracking_export: str = ""
+    release_key: str | None = None   # the fingerprint of the key pair init made (None: the project had one)
 
 
 def relctl_source() -> str | None:
@@ -105,6 +106,14 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
         _write_atomically(target / rel, text)
         result.written.append(rel)
     result.gitignore = _ensure_gitignore(target / ".gitignore")
+    # Signed from the first release: the project's key pair (private under the git-ignored .relctl/, public
+    # committed as the trusted key); a project that has one keeps it.
+    from release.signing.keygen import create_keypair  # noqa: PLC0415 - the CLI's import stays light (no yaml)
+
+    pair = create_keypair(target, if_missing=True) if not _has_release_key(target) else None
+    if pair is not None and pair.created:
+        result.written += [str(pair.private.relative_to(target)), str(pair.public.relative_to(target))]
+        result.release_key = pair.fingerprint
     return result
 
 
@@ -115,6 +124,12 @@ def _configured_template(target: Path) -> str | None:
     backend = available_backends().get(_configured_backend(target) or "")
     template = backend.deploy().kserve_template if backend is not None else None
     return template if template is not None and template != DEFAULT_KSERVE_TEMPLATE else None
+
+
+def _has_release_key(target: Path) -> bool:
+    from release.signing.keys import DEFAULT_KEY, DEFAULT_PUBLIC  # noqa: PLC0415
+
+    return (target / DEFAULT_PUBLIC).exists() or (target / DEFAULT_KEY).exists()
 
 
 def _configured_backend(target: Path) -> str | None:

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from release.core.errors import InputError, RegistryError
-from release.pipeline.versions import fetch_package
+from release.pipeline.versions import fetch_verified
 from release.registry import Registry, links
 from release.registry import tags as T
 from release.signing.keys import Trust
-from release.signing.package import verify_signature
 
 
 def parse_headers(text: str) -> dict[str, str]:
@@ -113,8 +112,8 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
     trust = trust or Trust()
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            package = fetch_package(registry, model, version, Path(tmp), mv, trust=trust, warn=lambda _: None)
-            verdict = verify_signature(package.root, trust, f"{model} v{version}")
+            _package, verdict = fetch_verified(registry, model, version, Path(tmp), mv, trust=trust,
+                                               warn=lambda _: None)
             checked = f"every file against the manifest recorded at release ({tags.get(T.MANIFEST_SHA256, '')[:16]})"
             if verdict.status == "verified":
                 checked += f" and the signature by {verdict.signed_by} ({str(verdict.fingerprint)[:16]})"

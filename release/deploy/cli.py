@@ -100,6 +100,7 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
         render_kserve,
         render_kserve_yaml,
     )
+    from release.deploy.pinning import pin_facts
     from release.registry.client import open_registry
 
     options = KServeOptions(image=image, name=name, namespace=namespace, secret=secret, mode=cast(Mode, mode),
@@ -114,7 +115,9 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
     if output is not None:
         check_output_file(output, "-o")   # a missing folder is bad input found now, not after the render
     template = template_path.read_text() if template_path is not None else None
-    facts = read_version_facts(open_registry(ctx.project_dir, read_only=True), model, version)
+    registry = open_registry(ctx.project_dir, read_only=True)
+    # The OCI digest only as the version's signed publication record vouches for it (deploy/pinning.py).
+    facts = pin_facts(registry, read_version_facts(registry, model, version), ctx.project_dir)
     text = (render_kserve_yaml(facts, options, template) if fmt == "yaml"
             else json.dumps(render_kserve(facts, options, template), indent=2) + "\n")
     if output is None:
@@ -151,14 +154,17 @@ def publish_command(ctx: Ctx, spec: str, target: str, base: str | None, as_json:
 @click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the verified package to (replaced whole; nothing is left on a failure).")
 @click.option("--model", default=None, help="The model the package must be (checked against its manifest).")
+@click.option("--version", "version", default=None,
+              help="With --model: the version the digest must be, checked against its signed publication record "
+                   "and the package against the version (the registry is read).")
 @json_option
 @click.pass_obj
 @handled
-def pull_command(ctx: Ctx, source: str, dest: Path, model: str | None, as_json: bool) -> None:
+def pull_command(ctx: Ctx, source: str, dest: Path, model: str | None, version: str | None, as_json: bool) -> None:
     """Fetch a package by OCI digest (or a registered version from the registry) and verify it: digest,
     manifest, signature against the trusted keys. What KServe init containers run before a server starts."""
     from release.deploy.oci import pull_package
 
     ctx.as_json = as_json
-    data = pull_package(source, dest, ctx.project_dir, model)
+    data = pull_package(source, dest, ctx.project_dir, model, version)
     emit(data, as_json, lambda: click.echo(f"{source}: verified into {dest}"))

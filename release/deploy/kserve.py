@@ -31,6 +31,7 @@ from release.core.jsonfile import parse_yaml
 from release.core.model_name import check_model_name, check_version_number
 from release.core.templates import template_text
 from release.deploy.facts import VersionFacts
+from release.deploy.pinning import check_kserve_options, plain_yaml
 
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 # KServe names an InferenceService's Knative services and routes after it: a DNS-1035 label, and short
@@ -122,6 +123,7 @@ def check_options(options: KServeOptions) -> None:
     for failed, message, hint in problems:
         if failed:
             raise InputError(message, hint=hint)
+    check_kserve_options(options)  # every Kubernetes name and image reference (release/deploy/pinning.py)
 
 
 def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
@@ -212,7 +214,7 @@ def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, templat
     if features:
         header += (f"# Knative rejects this spec unless its config-features ConfigMap (knative-serving) enables: "
                    f"{', '.join(features)}\n")
-    return header + str(yaml.safe_dump(manifest, sort_keys=False, width=120))
+    return header + plain_yaml(manifest)  # no anchors or aliases: every value where it applies
 
 
 # Pod spec fields Knative Serving (KServe's Serverless mode) refuses unless a feature flag enables them;
@@ -340,7 +342,7 @@ def _pull_from_oci(predictor: dict[str, Any], container: dict[str, Any], facts: 
     predictor["initContainers"] = [{
         "name": "relctl-pull", "image": options.image,
         "command": ["relctl", "--project-dir", cache_mount, "pull", str(facts.oci_uri), "--to", cache,
-                    "--model", facts.model],
+                    "--model", facts.model, "--version", facts.version],
         "env": env, "volumeMounts": list(mounts),
     }]
 

@@ -327,10 +327,11 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
     """`relctl publish MODEL/VERSION --to oci://...`: the version's package, fetched and verified (digest
     recorded at release, signature), pushed, and its pinned URI recorded on the version."""
     from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+    from release.deploy.pinning import record_publication  # noqa: PLC0415
     from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
     from release.registry import tags as T  # noqa: PLC0415
     from release.registry.client import open_registry  # noqa: PLC0415
-    from release.signing.keys import project_trust  # noqa: PLC0415
+    from release.signing.keys import project_signing_key, project_trust  # noqa: PLC0415
 
     model, version = parse_version_spec(spec)
     ref = parse_oci(target)   # a bad target fails before anything is downloaded
@@ -338,6 +339,7 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
         raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
                          hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
     trust = project_trust(project_dir)
+    signer = project_signing_key(project_dir)  # signs the publication record; a missing key fails before the push
     registry = open_registry(project_dir, read_only=True)
     mv = registry.get_version(model, version)
     base_image = read_base(base) if base else None
@@ -352,7 +354,7 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
         if base:
             annotations["org.opencontainers.image.base.name"] = base
         uri = publish_package(package.root, f"oci://{ref.host}/{ref.repo}:{tag}", annotations, base_image)
-    registry.set_version_tag(model, version, T.OCI_DIGEST, uri)
+    record_publication(registry, mv, uri, signer)  # the digest, bound to this version by a signed record
     return {"model": model, "version": version, "uri": uri, "tag": f"oci://{ref.host}/{ref.repo}:{tag}"}
 
 
@@ -372,12 +374,13 @@ def pulled_before(folder: Path) -> bool:
     return present - UNLISTED == listed
 
 
-def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None) -> dict[str, str]:
+def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None,
+                 version: str | None = None) -> dict[str, str]:
     """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified. `dest` must be new, empty, or a
-    package an earlier pull wrote (replaced whole, atomically); anything else is refused before any download."""
+    package an earlier pull wrote (replaced whole, atomically); anything else is refused before any download.
+    `version` (with `model`): the digest must be the one that version's signed publication record names."""
     from release.core.outputs import check_new_folder, replace_folder, staging_folder  # noqa: PLC0415
     from release.signing.keys import project_trust  # noqa: PLC0415
-    from release.signing.package import verify_signature  # noqa: PLC0415
 
     if source.startswith("oci://"):
         parse_oci(source)   # a bad reference fails before anything else
@@ -389,7 +392,7 @@ def pull_package(source: str, dest: Path, project_dir: Path, model: str | None =
     trust = project_trust(project_dir)
     dest = dest.absolute()
     with staging_folder(dest) as staged:
-        package, verdict = _pull_into(source, staged / "pull", project_dir, trust, verify_signature)
+        package, verdict = _pull_into(source, staged / "pull", project_dir, trust, model, version)
         if model is not None and package.model_name != model:
             raise InputError(f"{source}: the package is '{package.model_name}', not '{model}'",
                              hint="the pinned reference names another model's package")
@@ -398,19 +401,27 @@ def pull_package(source: str, dest: Path, project_dir: Path, model: str | None =
             "signature": verdict.signed_by or verdict.status}
 
 
-def _pull_into(source: str, partial: Path, project_dir: Path, trust: Any, verify_signature: Any) -> tuple[Any, Any]:
-    """The verified package of `source` under `partial`, and its signature verdict."""
+def _pull_into(source: str, partial: Path, project_dir: Path, trust: Any, model: str | None,
+               version: str | None) -> tuple[Any, Any]:
+    """The verified package of `source` under `partial`, and its signature verdict: a MODEL/VERSION through
+    the one check every registered version goes through; a pinned digest against the signed publication
+    record of `model` v`version` when both are given (the init container's pull), else against the keys."""
+    from release.registry.client import open_registry  # noqa: PLC0415
+    from release.signing.package import verify_signature  # noqa: PLC0415
+
     if source.startswith("oci://"):
+        from release.deploy.pinning import check_pulled  # noqa: PLC0415 - the version's signed record
+
         root = pull_artifact(source, partial)
         package = verify_package(root)
-    else:
-        from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
-        from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
-        from release.registry.client import open_registry  # noqa: PLC0415
+        verdict = (check_pulled(open_registry(project_dir, read_only=True), model, version, source, root, trust)
+                   if model is not None and version is not None else verify_signature(root, trust, source))
+        return package, verdict
+    from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
+    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - loads mlflow
 
-        name, version = parse_version_spec(source)
-        package = fetch_package(open_registry(project_dir, read_only=True), name, version, partial, trust=trust)
-    return package, verify_signature(package.root, trust, source)
+    name, number = parse_version_spec(source)
+    return fetch_verified(open_registry(project_dir, read_only=True), name, number, partial, trust=trust)
 
 
 def _check(response: Any, what: str, host: str) -> None:

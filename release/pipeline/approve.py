@@ -28,9 +28,10 @@ from release.core.escape import markdown
 from release.pipeline.versions import fetch_package
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
-from release.registry.states import APPROVED, RELEASED, approval_refusal
-from release.signing.approval import Approval, Approver, new_approval, sign_approval
+from release.registry.states import APPROVED, AWAITING_APPROVAL, RELEASED, approval_refusal
+from release.signing.approval import Approval, Approver, approval_status, new_approval, sign_approval
 from release.signing.keys import SigningKey, Trust
+from release.signing.package import Verdict
 
 APPROVED_MARK = "**Approved**"
 
@@ -44,6 +45,14 @@ class Approved:
 
 def approve(registry: Registry, model: str, version: str, reason: str, who: Approver, trust: Trust,
             signer: SigningKey | None, warn: Callable[[str], None]) -> Approved:
+    if signer is None and not trust.off:
+        raise InputError("approvals are signed, and no release key is configured",
+                         hint="run `relctl keygen`, or set RELCTL_SIGNING_KEY to the release key")
+    if signer is not None and not trust.off and not trust.trusts(signer.fingerprint):
+        # An approval this project cannot verify would move production to a version nothing then serves.
+        raise InputError(f"signing key {signer.label} (fingerprint {signer.fingerprint[:16]}) is not a trusted key "
+                         "of this project, so its approval would not count; nothing was approved",
+                         hint=f"approve with the release key (trusted: {trust.named()})")
     registry.require_model(model)
     mv = registry.get_version(model, version)  # InputError (exit 2) for a version that does not exist
     _check_approvable(registry, model, version, dict(mv.tags))
@@ -107,3 +116,18 @@ def _mark_card(registry: Registry, model: str, version: str, approval: Approval,
     line = (f"{APPROVED_MARK} by {markdown(approval.approver)} ({approval.approver_source}) on {approval.at}: "
             f"{markdown(approval.reason)}{signed}.")
     registry.set_description(model, version, f"{line}\n\n{card}" if card else line)
+
+
+def require_approved(registry: Registry, model: str, version: str, verdict: Verdict, trust: Trust) -> None:
+    """Before production moves to `version` other than by approve itself (rollback --to): a version that needed
+    an approval (its signed provenance says so, or its state does) moves only with a valid signed approval.
+    Hand-written approval tags without a signature by a trusted key are not an approval."""
+    tags = dict(registry.get_version(model, version).tags)
+    state = tags.get(T.RELEASE_STATE)
+    if not (verdict.provenance.get("require_approval") or state in (AWAITING_APPROVAL, APPROVED)):
+        return
+    found = approval_status(tags, trust, model, version)
+    if not found.approved:
+        raise InputError(f"production may not point at {model} v{version}: it is {state or 'untracked'} under "
+                         f"require_approval, and {found.text}",
+                         hint=f"relctl approve {model}/{version} --reason ... (signed with the release key)")

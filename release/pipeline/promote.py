@@ -68,7 +68,7 @@ from release.registry.errors import as_registry_error
 from release.registry.runs import ReleaseRun
 from release.registry.states import AWAITING_APPROVAL
 from release.registry.store import Store
-from release.signing.keys import SigningKey, Trust, signing_key, trusted_keys
+from release.signing.keys import SigningKey, Trust, release_key, trusted_keys
 from release.stages import register as reg
 from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -120,11 +120,10 @@ class Promotion:
         self.engine_why = contract.engine_why
         # Loaded now (check_run already refused a bad key): the key signs at register, the trust verifies
         # the production version the gates compare with.
-        self.signer = signing_key(self.cfg.signing, self._repo_anchor())
+        self.signer = release_key(self.cfg.signing, self._repo_anchor())
         self.trust = trusted_keys(self.cfg.signing, self._repo_anchor())
         if self.signer is None:
-            self.progress.note("no signing key configured (signing.key or RELCTL_SIGNING_KEY): the release will "
-                               "be unsigned")
+            self.progress.note("signing is off in release.yaml (signing: off): the release will be unsigned")
         if backend is None or name is None:  # check_run names every problem that leaves either unknown
             raise ReleaseError(f"run '{run_id}': the run contract found no problem, yet chose no backend or name")
         with promote_lock(f"{self.registry.store.tracking_uri}|{run_id}", f"run {run_id}",
@@ -468,7 +467,8 @@ class Promotion:
             waits_for="the canary" if canary_next else "an approval: relctl approve",
             reason=f"promoted from training run {report.training_run}",
             expected_production=production.version if production else None, package_dir=package.root)
-        done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package, self.signer))
+        done = pipe.run(reg.RegisterStage(inputs, self.registry, run, package, self.signer,
+                                          require_approval=self.cfg.require_approval))
         result = done.result
         if result.outcome != "unchanged":
             self.recorded |= inputs.numbers

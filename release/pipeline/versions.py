@@ -20,7 +20,7 @@ from release.registry import Registry, package_links
 from release.registry import tags as T
 from release.registry.records import VersionRecord
 from release.signing.keys import Trust
-from release.signing.package import verify_signature
+from release.signing.package import Verdict, check_binding, verify_signature
 
 
 def package_uri(tags: dict[str, str]) -> str | None:
@@ -39,9 +39,15 @@ def _stderr(message: str) -> None:
 
 def fetch_package(registry: Registry, name: str, version: str, dest: Path, mv: VersionRecord | None = None, *,
                   trust: Trust, warn: Callable[[str], None] = _stderr) -> PackageManifest:
+    """Download version `version` of `name` under `dest` and verify it (fetch_verified); the manifest."""
+    return fetch_verified(registry, name, version, dest, mv, trust=trust, warn=warn)[0]
+
+
+def fetch_verified(registry: Registry, name: str, version: str, dest: Path, mv: VersionRecord | None = None, *,
+                   trust: Trust, warn: Callable[[str], None] = _stderr) -> tuple[PackageManifest, Verdict]:
     """Download version `version` of `name` under `dest` and verify it: against the manifest digest the
-    registry recorded, then its signature against `trust` (every caller names the trust: none forgets it).
-    `mv`: the version when the caller has read it already (not read again)."""
+    registry recorded, then its signature against `trust` (every caller names the trust: none forgets it),
+    then that the signature vouches for this version. `mv`: the version when the caller has read it already."""
     mv = mv or registry.get_version(name, version)
     uri = package_uri(dict(mv.tags))
     if not uri:
@@ -55,7 +61,7 @@ def fetch_package(registry: Registry, name: str, version: str, dest: Path, mv: V
     target.mkdir(parents=True)
     local = registry.download_uri(uri, target)
     fill_linked(registry, uri, local, target)
-    return verify_registered(local, name, version, anchor, trust, warn)
+    return verify_version(registry, local, mv, trust, warn)
 
 
 def fill_linked(registry: Registry, uri: str, local: Path, scratch: Path) -> None:
@@ -76,12 +82,23 @@ def fill_linked(registry: Registry, uri: str, local: Path, scratch: Path) -> Non
     shutil.rmtree(scratch / ".linked", ignore_errors=True)
 
 
-def verify_registered(local: Path, name: str, version: str, anchor: str, trust: Trust,
-                      warn: Callable[[str], None] = _stderr) -> PackageManifest:
-    """A downloaded (or cached) package of `name` v`version`: its manifest digest, files and signature."""
+def verify_version(registry: Registry, local: Path, mv: VersionRecord, trust: Trust,
+                   warn: Callable[[str], None] = _stderr) -> tuple[PackageManifest, Verdict]:
+    """The one check every reader of a registered version goes through (serve, rollback, canary, gates,
+    approve, trace, verify, publish, pull): the files against the manifest digest recorded at release, the
+    signature against the trusted keys, and the signed provenance against this version (its model and the
+    release run that created it: MLflow's version source run, which no tag rewrite changes)."""
+    name, version = mv.name, str(mv.version)
+    label = f"{name} v{version}"
     try:
-        manifest = verify_package(local, manifest_sha256=anchor)
+        manifest = verify_package(local, manifest_sha256=mv.tags.get(T.MANIFEST_SHA256, ""))
     except InputError as exc:
-        raise InputError(f"{name} v{version}: {exc.message}", hint=exc.hint) from exc
-    verify_signature(local, trust, f"{name} v{version}", warn=warn)
-    return manifest
+        raise InputError(f"{label}: {exc.message}", hint=exc.hint) from exc
+    verdict = verify_signature(local, trust, label, warn=warn)
+
+    def describe(run_id: str) -> str | None:
+        found = registry.find_versions(name, T.RELEASE_RUN, run_id) if registry.model_exists(name) else []
+        return f"{name} v{found[0].version}" if found else None
+
+    check_binding(verdict, name, version, mv.run_id or mv.tags.get(T.RELEASE_RUN), label, describe)
+    return manifest, verdict

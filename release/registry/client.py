@@ -296,6 +296,23 @@ class Registry:
             raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return {str(v.version): T.engine_label(dict(v.tags or {})) for v in found}
 
+    def versions(self, name: str) -> list[VersionRecord]:
+        """Every version of `name`, oldest first (`relctl sign` walks them)."""
+        try:
+            found = self.client.search_model_versions(f"name = {fl.literal(name)}")
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
+        return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
+
+    def add_run_files(self, run_id: str, files: list[Path], artifact_path: str) -> None:
+        """Add files under `artifact_path` of a finished run (`relctl sign`: a signature for an older package)."""
+        relative = safe_artifact_path(artifact_path)
+        try:
+            for path in files:
+                self.client.log_artifact(run_id, str(path), relative)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot add files to '{relative}' of run '{run_id}': {exc.message}") from exc
+
     def create_version(self, name: str, model_uri: str, run_id: str, tags: dict[str, str], description: str,
                        model_id: str | None = None) -> VersionRecord:
         # source must be the logged model's URI: a runs:/ source makes a version that does not load.

@@ -87,11 +87,17 @@ DATASET_CONTEXT = "mlflow.data.context"
 APPROVAL = "relctl.approval"
 APPROVAL_SIGNATURE = "relctl.approval_signature"
 GATED_AGAINST = "relctl.gated_against"
+# Signing (release/signing): who signed the package ("unsigned" under `signing: off`; what status and the card
+# say, never what verification trusts), and `relctl publish`'s signed record binding the OCI digest to the version.
+SIGNED_BY = "relctl.signed_by"
+OCI_RECORD = "relctl.oci_record"
+OCI_RECORD_SIGNATURE = "relctl.oci_record_signature"
 
 # The stable version tags (gate statuses aside); Registry refuses to write any other tag on a version.
 VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, RELEASE_RUNS, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE,
                           SERVING_CONFIG_HASH, MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL,
-                          APPROVAL_SIGNATURE, GATED_AGAINST, OCI_DIGEST})
+                          APPROVAL_SIGNATURE, GATED_AGAINST, OCI_DIGEST, SIGNED_BY, OCI_RECORD,
+                          OCI_RECORD_SIGNATURE})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
 

@@ -85,7 +85,7 @@ def _stderr(message: str) -> None:
 def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None,
                    trust: Trust, cached_only: bool = False) -> ServedPackage:
     # mlflow loads only when serving from the registry, not for a package folder
-    from release.pipeline.versions import fetch_package, verify_registered  # noqa: PLC0415
+    from release.pipeline.versions import fetch_package, verify_version  # noqa: PLC0415
     from release.registry import Registry  # noqa: PLC0415
     from release.registry import tags as T  # noqa: PLC0415
 
@@ -99,7 +99,8 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
     else:
         assert ref.version is not None
         version = ref.version
-    anchor = registry.get_version(ref.name, version).tags.get(T.MANIFEST_SHA256)
+    mv = registry.get_version(ref.name, version)
+    anchor = mv.tags.get(T.MANIFEST_SHA256)
     cache = project_dir / STATE_DIR / "serve-cache" / ref.name / version
     if cached_only:
         if not cache.is_dir():
@@ -112,12 +113,12 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
         verify_package(cache, manifest_sha256=anchor)  # names the changed file
     manifest = _cached(cache, anchor)
     if manifest is not None:  # the cache matched the registry's digest; its signature is checked all the same
-        verify_registered(cache, ref.name, version, str(anchor), trust, warn=_stderr)
+        verify_version(registry, cache, mv, trust, warn=_stderr)
     else:
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         # verified against the registry's digest and the trusted keys
-        fetched = fetch_package(registry, ref.name, version, partial, trust=trust, warn=_stderr)
+        fetched = fetch_package(registry, ref.name, version, partial, mv, trust=trust, warn=_stderr)
         shutil.rmtree(cache, ignore_errors=True)
         fetched.root.rename(cache)
         shutil.rmtree(partial, ignore_errors=True)

@@ -127,3 +127,42 @@ def parse_statement(statement: str) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class ApprovalStatus:
+    """What a version's approval tags amount to. `approved` only for a statement about this version's bytes
+    with a valid signature by a trusted key (under `signing: off`: any statement, said to be unsigned)."""
+
+    approved: bool
+    text: str                    # "approved by X on T (signed by K)" | "not approved: why" | "unsigned: ..."
+    approver: str | None = None
+    at: str | None = None
+    reason: str | None = None
+    signed_by: str | None = None
+
+
+def approval_status(tags: Mapping[str, str], trust: Trust, model: str, version: str) -> ApprovalStatus:
+    """The one reading of a version's approval: verify, rollback, status and the card all ask this."""
+    from release.registry import tags as T  # noqa: PLC0415 - the registry's tag names; no MLflow import
+
+    statement = tags.get(T.APPROVAL, "")
+    if not statement:
+        return ApprovalStatus(False, "not approved")
+    data = parse_statement(statement)
+    who, at, why = data.get("approver"), data.get("at"), data.get("reason")
+    if (data.get("model"), str(data.get("version"))) != (model, version) or (
+            data.get("manifest_sha256"), data.get("content_sha256")) != (tags.get(T.MANIFEST_SHA256),
+                                                                        tags.get(T.CONTENT_SHA256)):
+        return ApprovalStatus(False, "not approved: its approval is for another version or other package bytes")
+    signature = tags.get(T.APPROVAL_SIGNATURE, "")
+    if trust.off:
+        return ApprovalStatus(True, f"approved by {who} on {at} (unsigned: signing is off)", who, at, why)
+    if not signature:
+        return ApprovalStatus(False, "not approved: its approval carries no signature (approvals are signed by "
+                                     "the release key, or they do not count)", who, at, why)
+    try:
+        signer = verify_approval(statement, signature, trust)
+    except InputError as exc:
+        return ApprovalStatus(False, f"not approved: {exc.message}", who, at, why)
+    return ApprovalStatus(True, f"approved by {who} on {at} (approval signed by {signer})", who, at, why, signer)

@@ -1,20 +1,30 @@
 """Which key signs a release and which public keys are trusted, from release.yaml's `signing:` block and env.
 
-- The signing key: `RELCTL_SIGNING_KEY` (a path to a PEM file, or the PEM text itself, as CI secrets come)
-  or `signing.key` (a path relative to release.yaml's folder); `RELCTL_SIGNING_KEY_PASSWORD` for an
-  encrypted key. It is a secret: messages name its path or the variable, never its content, and it is
-  loaded (and checked to be an EC private key) before any slow stage, so a bad key fails in seconds.
-- The trusted keys: `signing.trusted_keys` plus `RELCTL_TRUSTED_KEYS` (PEM public key paths separated by
-  os.pathsep). With none configured nothing is verified (a project that never set up signing keeps
-  working); with any, every registered version must carry a signature by one of them.
+Signing is on unless release.yaml says `signing: off` (the whole block): every release is signed and every
+registered version verified; a project without a key is refused before any slow stage with the one command
+that makes one (`relctl keygen`).
+
+- The signing key: `RELCTL_SIGNING_KEY` (as CI secrets come: the PEM, quoted or `\\n`-escaped or after a
+  comment line, base64 of the PEM or DER, or a path to a key file) or `signing.key` (default
+  `.relctl/keys/release.pem`, relative to release.yaml's folder); `RELCTL_SIGNING_KEY_PASSWORD` for an
+  encrypted key. It is a secret: messages name its path or the variable, never its content; a key file
+  readable by group or others is refused with the chmod that fixes it; it is loaded (and checked to be an
+  EC private key whose public half the project trusts) before any slow stage.
+- The trusted keys: `signing.trusted_keys` (default `keys/release.pub`, committed) plus `RELCTL_TRUSTED_KEYS`
+  (PEM public key paths separated by os.pathsep). With none, a registered version cannot be verified and is
+  refused (under `signing: off` nothing is verified, and readers say "unsigned").
 - `signing.unsigned` (or `RELCTL_UNSIGNED`): what a registered version with no signature gets (one
   released before signing was set up): `refuse` (default) or `warn`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
+import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +38,7 @@ PASSWORD_ENV = "RELCTL_SIGNING_KEY_PASSWORD"
 TRUSTED_ENV = "RELCTL_TRUSTED_KEYS"
 UNSIGNED_ENV = "RELCTL_UNSIGNED"
 _PEM = "-----BEGIN"
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]+={0,2}")
 Unsigned = Literal["refuse", "warn"]
 
 
@@ -56,36 +67,103 @@ class TrustedKey:
 
 @dataclass(frozen=True)
 class Trust:
+    """The keys a version's signature must come from. `off`: release.yaml says `signing: off`, so nothing is
+    verified and every reader says "unsigned"; otherwise a verification with no trusted key refuses."""
+
     keys: tuple[TrustedKey, ...] = ()
     unsigned: Unsigned = "refuse"
+    off: bool = False
 
     @property
     def enforced(self) -> bool:
         return bool(self.keys)
 
+    def trusts(self, fingerprint_: str) -> bool:
+        return any(k.fingerprint == fingerprint_ for k in self.keys)
+
     def named(self) -> str:
         return ", ".join(f"{k.label} ({k.fingerprint[:16]})" for k in self.keys) or "none"
+
+
+DEFAULT_KEY = ".relctl/keys/release.pem"      # git-ignored with the rest of .relctl/ (relctl init, keygen)
+DEFAULT_PUBLIC = "keys/release.pub"          # committed: the project's trusted key
+KEYGEN = "relctl keygen"                     # the one command that gives a project its key pair
 
 
 def signing_key(cfg: SigningConfig, base: Path, environ: Mapping[str, str] | None = None
                 ) -> SigningKey | None:
     """The release's signing key, loaded and checked; None when none is configured. InputError (exit 2),
-    naming the path or the variable only, when it is missing, unreadable or not an EC private key.
-    `base`: release.yaml's folder, which signing.key is relative to."""
+    naming the path or the variable only, when it is missing, unreadable, readable by others or not an EC
+    private key. `base`: release.yaml's folder, which signing.key is relative to."""
     env = os.environ if environ is None else environ
-    value = env.get(KEY_ENV, "").strip()
-    if value.startswith(_PEM):
-        label, pem = f"${KEY_ENV}", value.encode()
+    value = env.get(KEY_ENV, "")
+    if value.strip():
+        label, pem = f"${KEY_ENV}", _env_key(value, base)
     else:
-        where = value or cfg.key
-        if not where:
+        where = cfg.key or DEFAULT_KEY
+        path = Path(where).expanduser() if Path(where).expanduser().is_absolute() else base / where
+        if cfg.key is None and not path.exists():
             return None
-        path = Path(where) if Path(where).is_absolute() or value else base / where
-        label = f"{path} (from ${KEY_ENV})" if value else f"{path} (signing.key)"
-        pem = _read(path, label, "signing key")
+        label = f"{path} (signing.key)" if cfg.key else str(path)
+        pem = _read_private(path, label)
     password = env.get(PASSWORD_ENV)
     public = _private_key_public_pem(pem, password.encode() if password else None, label)
     return SigningKey(label, pem, password.encode() if password else None, fingerprint(public))
+
+
+def _env_key(value: str, base: Path) -> bytes:
+    """RELCTL_SIGNING_KEY as CI secrets come: the PEM (quoted, with `\\n` escapes, after a comment line),
+    base64 of the PEM or of DER, or a path to a key file. Never echoed: a message names the variable only."""
+    text = value.strip().strip("'\"").strip()
+    if "\\n" in text and "\n" not in text:
+        text = text.replace("\\n", "\n")
+    begin = text.find(_PEM)
+    if begin >= 0:
+        return text[begin:].strip().encode() + b"\n"
+    if "\n" not in text and len(text) < 1024:
+        for path in (Path(text).expanduser(), base / text):  # as given (the caller's folder), then the project's
+            try:
+                found = path.is_file()
+            except OSError:  # a name too long for the file system: not a path
+                found = False
+            if found:
+                return _read_private(path, f"{path} (from ${KEY_ENV})")
+    compact = "".join(text.split())
+    if compact and _BASE64.fullmatch(compact):
+        try:
+            decoded = base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
+        except (ValueError, binascii.Error):
+            decoded = b""
+        if _PEM.encode() in decoded:
+            return decoded[decoded.index(_PEM.encode()):]
+        if decoded.startswith(b"\x30"):  # DER: an ASN.1 SEQUENCE; made PEM so one loader reads both
+            return _der_to_pem(decoded)
+    raise InputError(f"${KEY_ENV} is set but holds no key: not a PEM key, base64 of one, or the path of a key file",
+                     hint=f"store the PEM file's whole text (or `base64 -w0 release.pem`) in the secret; {KEYGEN} "
+                          "makes a key pair")
+
+
+def _der_to_pem(der: bytes) -> bytes:
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - only for a DER secret
+
+    try:
+        key = serialization.load_der_private_key(der, None)
+    except (ValueError, TypeError):
+        raise InputError(f"${KEY_ENV} is set but holds no key: base64 that is neither a PEM nor a DER private key",
+                         hint="store the PEM file's whole text (or `base64 -w0 release.pem`) in the secret") from None
+    pem: bytes = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption())
+    return pem
+
+
+def _read_private(path: Path, label: str) -> bytes:
+    """A private key file, refused when group or others may read it (it is a secret like an SSH key)."""
+    data = _read(path, label, "signing key")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise InputError(f"signing key {label} is readable by group or others (mode {mode:04o})",
+                         hint=f"chmod 600 {shlex.quote(str(path))}")
+    return data
 
 
 def _read(path: Path, label: str, what: str) -> bytes:
@@ -93,7 +171,8 @@ def _read(path: Path, label: str, what: str) -> bytes:
         return path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{what} {label}: no such file",
-                         hint=f"set signing.key in release.yaml or {KEY_ENV} to a PEM key file") from None
+                         hint=f"{KEYGEN} makes the project's key pair; or set signing.key in release.yaml or "
+                              f"{KEY_ENV}") from None
     except OSError as exc:
         raise InputError(f"{what} {label}: cannot be read: {exc.strerror}",
                          hint="check the file's permissions (the user running relctl must read it)") from None
@@ -124,7 +203,8 @@ def trusted_keys(cfg: SigningConfig, base: Path, environ: Mapping[str, str] | No
     from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
 
     env = os.environ if environ is None else environ
-    paths = [base / p if not Path(p).is_absolute() else Path(p) for p in cfg.trusted_keys]
+    configured = cfg.trusted_keys or ([DEFAULT_PUBLIC] if (base / DEFAULT_PUBLIC).is_file() else [])
+    paths = [base / p if not Path(p).is_absolute() else Path(p) for p in configured]
     paths += [Path(p) for p in env.get(TRUSTED_ENV, "").split(os.pathsep) if p.strip()]
     keys = []
     for path in paths:
@@ -139,15 +219,35 @@ def trusted_keys(cfg: SigningConfig, base: Path, environ: Mapping[str, str] | No
     unsigned = env.get(UNSIGNED_ENV) or cfg.unsigned
     if unsigned not in ("refuse", "warn"):
         raise InputError(f"{UNSIGNED_ENV}={unsigned}: expected refuse or warn", hint="unset it or choose one")
-    return Trust(tuple(keys), "warn" if unsigned == "warn" else "refuse")
+    return Trust(tuple(keys), "warn" if unsigned == "warn" else "refuse", off=not cfg.enabled)
+
+
+def release_key(cfg: SigningConfig, base: Path, environ: Mapping[str, str] | None = None) -> SigningKey | None:
+    """The key that signs a release (promote, register, approve, publish): None only under `signing: off`.
+    InputError (exit 2), before anything is written, when there is none, or when the project does not trust
+    its public half (every release it signed would then be refused by serve, rollback and verify)."""
+    if not cfg.enabled:
+        return None
+    key = signing_key(cfg, base, environ)
+    if key is None:
+        raise InputError(f"no release signing key: {base / (cfg.key or DEFAULT_KEY)} does not exist and "
+                         f"${KEY_ENV} is not set, and every release is signed",
+                         hint=f"run `{KEYGEN}` in the project (or `signing: off` in release.yaml to release unsigned)")
+    trust = trusted_keys(cfg, base, environ)
+    if not trust.trusts(key.fingerprint):
+        raise InputError(f"signing key {key.label} (fingerprint {key.fingerprint[:16]}) is not a trusted key of this "
+                         "project: every version it signed would be refused",
+                         hint=f"commit its public half as {DEFAULT_PUBLIC} (signing.trusted_keys); trusted now: "
+                              f"{trust.named()}")
+    return key
 
 
 def signing_problem(cfg: SigningConfig, base: Path, environ: Mapping[str, str] | None = None
                     ) -> tuple[str, str] | None:
-    """(message, hint) when the configured signing key or a trusted key cannot be used: `relctl check` and
-    promote's first step report it before any slow stage."""
+    """(message, hint) when the release key or a trusted key cannot be used: `relctl check` and promote's
+    first step report it before any slow stage."""
     try:
-        signing_key(cfg, base, environ)
+        release_key(cfg, base, environ)
         trusted_keys(cfg, base, environ)
     except InputError as exc:
         return exc.message, exc.hint or ""
@@ -166,4 +266,5 @@ def project_trust(project_dir: Path, environ: Mapping[str, str] | None = None) -
 
 
 def project_signing_key(project_dir: Path, environ: Mapping[str, str] | None = None) -> SigningKey | None:
-    return signing_key(load_config(project_config(project_dir)).signing, project_dir, environ)
+    """The project's release key, checked as release_key does (None only under `signing: off`)."""
+    return release_key(load_config(project_config(project_dir)).signing, project_dir, environ)

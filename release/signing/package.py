@@ -23,7 +23,7 @@ from typing import Any
 
 from release.core.errors import InputError
 from release.core.package import MANIFEST, PROVENANCE, SIGNATURE
-from release.signing.keys import SigningKey, Trust
+from release.signing.keys import KEYGEN, TRUSTED_ENV, SigningKey, Trust
 
 PROVENANCE_TYPE = "https://relctl.dev/provenance/v1"
 # model-signing raises ValueError(list_of_messages): the text is the list's repr, in which a message holding
@@ -80,20 +80,24 @@ def verify_signature(root: Path, trust: Trust, label: str, *, folder: bool = Fal
     untrusted signer. Unsigned: refused for a registered version unless `trust.unsigned` is warn; a package
     folder (`folder`) is served with a warning. With no trusted key configured, nothing is checked."""
     say = warn or (lambda _message: None)
+    if trust.off:
+        return Verdict("unsigned", note="unsigned: signing is off in release.yaml (signing: off)")
+    if not trust.enforced and folder:  # a local folder the user points at: served, saying it was not checked
+        say(f"warning: {label}: not verified: this project trusts no release key ({KEYGEN})")
+        return Verdict("unchecked", note="no trusted keys configured")
+    if not trust.enforced:
+        raise InputError(f"{label}: cannot be verified: this project trusts no release key, and only versions signed "
+                         "by a trusted key serve or move",
+                         hint=f"`{KEYGEN}` makes the project's key pair, or list the release key's public half in "
+                              f"signing.trusted_keys or ${TRUSTED_ENV}; `signing: off` in release.yaml turns them off")
     if not (root / SIGNATURE).is_file():
-        if not trust.enforced:
-            return Verdict("unchecked", note="no trusted keys configured (signing.trusted_keys)")
         if folder or trust.unsigned == "warn":
             note = f"{label}: unsigned ({SIGNATURE} missing); served without a signature check"
             say(f"warning: {note}")
             return Verdict("unsigned", note=note)
         raise InputError(f"{label}: unsigned ({SIGNATURE} missing), and only signed versions serve or move",
-                         hint="re-promote it with a signing key, or set signing.unsigned: warn (RELCTL_UNSIGNED=warn) "
-                              "for versions released before signing")
-    if not trust.enforced:
-        note = "signed, but not checked: no trusted keys configured (signing.trusted_keys, RELCTL_TRUSTED_KEYS)"
-        say(f"warning: {label}: {note}")
-        return Verdict("unchecked", note=note)
+                         hint="re-promote it with the release key, or sign the versions released before signing "
+                              "with `relctl sign MODEL` (docs/signing.md)")
     signer = signer_of(root)
     key = next((k for k in trust.keys if k.fingerprint == signer), None)
     if key is None:
@@ -141,3 +145,29 @@ def _provenance(root: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def check_binding(verdict: Verdict, model: str, version: str, release_run: str | None, label: str,
+                  describe_run: Callable[[str], str | None] | None = None) -> None:
+    """A verified package must vouch for the version being verified: its signed provenance names the registered
+    model and the release run that created this version. Another version's (or another model's) signed package
+    copied into this version's place verifies as a signature, and is refused here naming both.
+    `describe_run`: how to name the version another release run registered (the registry knows)."""
+    if verdict.status != "verified":
+        return
+    signed_model = verdict.provenance.get("model")
+    signed_run = verdict.provenance.get("release_run")
+    signed_version = verdict.provenance.get("version")
+    wanted = f"{model} v{version}" + (f" (release run {release_run})" if release_run else "")
+    if signed_model != model:
+        raise InputError(f"{label}: the package is signed for model {signed_model or 'unnamed'} (release run "
+                         f"{signed_run or 'unnamed'}), not for {wanted}",
+                         hint="another model's package was put in this version's place; restore the version's own "
+                              "package from its release run")
+    if (release_run is not None and signed_run != release_run) or (
+            signed_version is not None and str(signed_version) != str(version)):
+        other = describe_run(str(signed_run)) if describe_run and signed_run else None
+        named = other or (f"{model} v{signed_version}" if signed_version is not None else f"release run {signed_run}")
+        raise InputError(f"{label}: the package is signed for {named} (release run {signed_run}), not for {wanted}",
+                         hint="another version's package was put in this version's place (a replay of old bytes); "
+                              "restore the version's own package from its release run")

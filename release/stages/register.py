@@ -12,10 +12,11 @@ becomes `released` once its aliases moved. A re-run after a crash in between fin
 package content, still registering) and finishes it instead of creating a twin. Under the model's
 lock, the alias move re-checks that production is still the version the gates compared with.
 
-With a signing key (release/signing/keys.py), the package is signed here, after every gate before
-register passed and before it is logged: `relctl-provenance.json` (which runs, data, weights, code and
-gates produced it) is written into the folder and the OpenSSF model-signing signature covers it with
-every other file. What is logged as `package/` is what was signed.
+Signing is on unless release.yaml says `signing: off` (release/signing/keys.py): the package is signed
+here, after every gate before register passed and before it is logged: `relctl-provenance.json` (which
+runs, data, weights, code and gates produced it) is written into the folder and the OpenSSF model-signing
+signature covers it with every other file (the provenance names the model and this release run, which binds
+the signature to the version it creates). What is logged as `package/` is what was signed.
 """
 
 from __future__ import annotations
@@ -117,6 +118,14 @@ def provenance(model: str, package: PackageManifest, lineage: dict[str, Any], ga
             "adapter_sha256": ckpt.get("adapter_sha256", {}),
             "gates": T.gate_statuses({k: str(v) for k, v in gate_tags.items()}),
             "manifest_sha256": sha256_file(package.root / MANIFEST), "content_sha256": content_sha256(package)}
+
+
+def signature_line(signed_by: str) -> str:
+    """The card's line on the signature: a reader of the registry UI sees an unsigned version in words."""
+    if signed_by == "unsigned":
+        return "**Signature**: unsigned (release.yaml says `signing: off`; nothing vouches for these bytes)."
+    return (f"**Signature**: signed by release key `{signed_by[:16]}` (OpenSSF model-signing; check it with "
+            "`relctl verify`).")
 
 
 def unfinished_version(registry: Registry, name: str, content: str, release_run: str | None = None) -> str | None:
@@ -240,18 +249,24 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
     resumable = False
 
     def __init__(self, inputs: RegisterInputs, registry: Registry, run: ReleaseRun, package: PackageManifest,
-                 signer: SigningKey | None = None, builder: str = "relctl promote") -> None:
+                 signer: SigningKey | None = None, builder: str = "relctl promote", *,
+                 require_approval: bool = False) -> None:
         super().__init__(inputs)
         self.registry, self.release, self.package = registry, run, package
-        # Held here, never in the inputs: those are fingerprinted and written to the work folder.
-        self.signer, self.builder = signer, builder
+        # Held here, never in the inputs: those are fingerprinted and written to the work folder. signer None:
+        # `signing: off` (release_key refuses a signing-on project without a key before any stage runs).
+        self.signer, self.builder, self.require_approval = signer, builder, require_approval
 
-    def _sign(self) -> None:
+    def _sign(self) -> str:
+        """Sign the package; what the version's card and `relctl.signed_by` say about it."""
         if self.signer is None:
-            return
+            return "unsigned"
         i = self.inputs
-        sign_package(self.package.root, self.signer, provenance(i.model, self.package, i.lineage, i.extra_tags,
-                                                                self.release.run_id, self.builder))
+        signed = provenance(i.model, self.package, i.lineage, i.extra_tags, self.release.run_id, self.builder)
+        # Binds the signature to this release: readers refuse it for a version another run registered.
+        signed["require_approval"] = self.require_approval
+        sign_package(self.package.root, self.signer, signed)
+        return self.signer.fingerprint
 
     def run(self, out: Path) -> RegisterResult:
         i, registry = self.inputs, self.registry
@@ -270,10 +285,12 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
-            self._sign()
-            version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags, i.description,
+            signed_by = self._sign()
+            version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags,
+                              f"{i.description}\n\n{signature_line(signed_by)}",
                               state="registered" if i.target == "none" else "registering", numbers=i.numbers,
                               details=i.details)
+            registry.set_version_tag(i.model, version, T.SIGNED_BY, signed_by)
         else:
             notes.append(f"{i.model} v{version} was registered by a release that did not finish; finishing it")
             # This release's evidence replaces what the crashed one had recorded.

@@ -49,6 +49,7 @@ def keypair(folder: Path) -> tuple[Path, Path]:
     private, public = folder / "release.pem", folder / "release.pub"
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    private.chmod(0o600)  # a private key readable by others is refused
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
@@ -107,12 +108,12 @@ def register(project: Project, package: Path, model: str, per_replica_bytes: int
 
 
 @pytest.fixture(scope="package")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+def project(tmp_path_factory: pytest.TempPathFactory, release_keypair: tuple[Path, Path]) -> Iterator[Project]:
     """tiny-llm v1: CPU build, plan 3 GiB; v2: CUDA build, plan 5 GiB; v3: CPU build, no plan.
-    tiny-chat v1: vLLM fp16, plan 20 GiB; v2: vLLM fp32, plan 2 GiB."""
+    tiny-chat v1: vLLM fp16, plan 20 GiB; v2: vLLM fp32, plan 2 GiB. Signed with the session's release key,
+    which every test trusts (tests/conftest.py), as a project trusts its own."""
     root = tmp_path_factory.mktemp("deploy-project")
-    keys = tmp_path_factory.mktemp("deploy-keys")
-    private, public = keypair(keys)
+    private, public = release_keypair
     project = Project(root, public, private)
     builds = tmp_path_factory.mktemp("deploy-packages")
     with pytest.MonkeyPatch.context() as mp:

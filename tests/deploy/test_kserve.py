@@ -281,6 +281,7 @@ def test_image_entrypoint_serves_the_pinned_version(package: Path, tmp_path: Pat
     private, public = keypair(tmp_path)
     with monkeypatch.context() as mp:
         mp.setenv("RELCTL_SIGNING_KEY", str(private))
+        mp.setenv("RELCTL_TRUSTED_KEYS", str(public))  # register refuses a key the project does not trust
         registered = relctl("--project-dir", str(registry), "register", str(package), "--model", "tiny-llm",
                             "--json")
     assert registered.exit_code == 0, registered.output

@@ -34,9 +34,12 @@ def published(project: Project, oci_registry: OciRegistry, tmp_path_factory: pyt
     published once for the module; its pinned oci://...@sha256 URI."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RELCTL_SIGNING_KEY", str(project.private_key))
+        mp.setenv("RELCTL_TRUSTED_KEYS", str(project.public_key))
         package = genai_package(tmp_path_factory.mktemp("oci-package"), "cpu", "cpu", model="oci-llm")
         assert register(project, package, "oci-llm", 3 * GIB) == "1"
-    result = project.relctl("publish", "oci-llm/1", "--to", f"oci://{oci_registry.host}/models/tiny-llm", "--json")
+        # publish signs the record that binds the digest to v1 (release/deploy/pinning.py)
+        result = project.relctl("publish", "oci-llm/1", "--to", f"oci://{oci_registry.host}/models/tiny-llm",
+                                "--json")
     assert result.exit_code == 0, result.output
     uri: str = json.loads(result.stdout)["uri"]
     return uri
@@ -132,6 +135,9 @@ def test_render_pins_the_published_digest(project: Project, published: str, tmp_
     cache = tmp_path / "cache"
     cache.mkdir()   # the emptyDir volume
     monkeypatch.setenv("RELCTL_TRUSTED_KEYS", str(project.public_key))
+    # The pod's registry (the Secret's MLFLOW_TRACKING_URI): pull checks the digest against v1's signed record.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project.root / '.relctl' / 'mlflow.db'}")
+    assert pull["command"][pull["command"].index("--version") + 1] == "1"
     argv = [a.replace("/var/cache/relctl", str(cache)) for a in pull["command"][1:]]
     from click.testing import CliRunner
 

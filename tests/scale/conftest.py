@@ -68,6 +68,7 @@ class ScaleRegistry:
         }
         if self.signing_key_pem:
             env["RELCTL_SIGNING_KEY"] = self.signing_key_pem
+            env["RELCTL_TRUSTED_KEYS"] = str(self.logs / "release.pub")  # a key the project does not trust is refused
         if auth == "token":
             env["MLFLOW_TRACKING_TOKEN"] = self.tracking_token
         elif auth == "userinfo":  # basic auth written into the URI itself
@@ -226,6 +227,13 @@ def _signing_key_pem() -> str:
                              serialization.NoEncryption()).decode()
 
 
+def _public_half(private_pem: str) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(private_pem.encode(), None)
+    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 @pytest.fixture(scope="session")
 def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRegistry]:
     """PostgreSQL + SeaweedFS + `mlflow server`, started once for the session, stopped at its end."""
@@ -270,6 +278,7 @@ def scale_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScaleRe
         _wait("mlflow server", lambda: httpx.get(f"{tracking_uri}/health", timeout=2).status_code == 200,
               procs[1], mlflow_log)
         signing_pem = _signing_key_pem()
+        (logs / "release.pub").write_bytes(_public_half(signing_pem))
         # The key's body (base64 between the PEM armour lines) is what must never appear anywhere.
         key_body = "".join(signing_pem.strip().splitlines()[1:-1])
         yield ScaleRegistry(tracking_uri, postgres.uri(PG_DIRECT_DATABASE), registry_partial.s3_endpoint,

@@ -120,6 +120,8 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
     empty = relctl(project, "approve", f"{MODEL}/1", "--reason", " ")
     assert (empty.exit_code, empty.stderr.splitlines()[0]) == (2, "error: --reason is empty")
 
+    _forged_and_untrusted_approvals_are_refused(project, registry, monkeypatch)
+
     monkeypatch.setenv(USER_ENV, "alice@example.com")
     approved = relctl(project, "approve", f"{MODEL}/1", "--reason", "reviewed the safety report")
     assert approved.exit_code == 0, approved.output
@@ -161,6 +163,40 @@ def test_production_waits_for_relctl_approve_which_names_and_signs_the_approver(
     again = relctl(project, "approve", f"{MODEL}/1", "--reason", "twice")
     assert again.exit_code == 2
     assert again.stderr.splitlines()[0].startswith(f"error: {MODEL} v1 cannot be approved: it is released")
+
+
+def _forged_and_untrusted_approvals_are_refused(project: Path, registry: Registry,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """v1 waits for its approval (its signed provenance says require_approval)."""
+    # approve with a key the project does not trust: refused before anything is written or moves
+    other, _ = _keypair(project, "untrusted")
+    monkeypatch.setenv(KEY_ENV, str(other))
+    refused = relctl(project, "approve", f"{MODEL}/1", "--reason", "looks fine")
+    assert refused.exit_code == 2, refused.output
+    assert "is not a trusted key of this project" in refused.stderr.splitlines()[0]
+    assert registry.aliases(MODEL) == {"candidate": "1"}
+    assert not registry.get_version(MODEL, "1").tags.get(T.APPROVAL)
+    monkeypatch.delenv(KEY_ENV)
+    # approval tags written by hand, without a signature: not an approval anywhere
+    mv = registry.get_version(MODEL, "1")
+    statement = json.dumps({"_type": "https://relctl.dev/approval/v1", "model": MODEL, "version": "1",
+                            "manifest_sha256": mv.tags[T.MANIFEST_SHA256], "content_sha256": mv.tags[T.CONTENT_SHA256],
+                            "approver": "mallory", "approver_source": "$RELCTL_USER", "at": "2026-01-01T00:00:00+00:00",
+                            "reason": "trust me", "release_run": mv.tags[T.RELEASE_RUN]}, sort_keys=True)
+    registry.set_version_tags(MODEL, "1", {T.APPROVAL: statement, T.APPROVAL_SIGNATURE: "",
+                                           T.RELEASE_STATE: "approved"})
+    moved = relctl(project, "rollback", MODEL, "--to", "1")
+    assert moved.exit_code == 2, moved.output
+    assert "not approved: its approval carries no signature" in moved.stderr.splitlines()[0]
+    verified = relctl(project, "verify", f"{MODEL}/1")
+    assert verified.exit_code == 2 and "not approved" in verified.stderr.splitlines()[0]
+    assert "not approved" in relctl(project, "status", MODEL).stdout
+    # the state tag rewritten to `released`, no approval at all: the signed provenance still says it needs one
+    registry.set_version_tags(MODEL, "1", {T.APPROVAL: "", T.RELEASE_STATE: "released"})
+    moved = relctl(project, "rollback", MODEL, "--to", "1")
+    assert moved.exit_code == 2 and "not approved" in moved.stderr.splitlines()[0]
+    assert "production" not in registry.aliases(MODEL)
+    registry.set_version_tags(MODEL, "1", {T.RELEASE_STATE: "awaiting-approval"})
 
 
 def test_an_approval_of_an_ungated_unknown_rejected_or_tampered_version_is_refused(
@@ -219,7 +255,7 @@ def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production
 
     from tests.stages.test_canary_release import CANARY
 
-    for name in (KEY_ENV, TRUSTED_ENV, UNSIGNED_ENV, USER_ENV):
+    for name in (UNSIGNED_ENV, USER_ENV):  # signed with the session's release key (tests/conftest.py)
         monkeypatch.delenv(name, raising=False)
     project = tmp_path_factory.mktemp("approval-canary")
     train = load_train_module()
@@ -246,9 +282,9 @@ def test_after_a_passed_canary_the_version_waits_and_approve_replaces_production
     monkeypatch.setenv(USER_ENV, "carol")
     approved = relctl(project, "approve", f"{MODEL}/2", "--reason", "canary looked fine")
     assert approved.exit_code == 0, approved.output
-    assert "(approval unsigned: no signing key)" in approved.stdout
+    assert f"(signed with ${KEY_ENV})" in approved.stdout
     assert registry.aliases(MODEL) == {"production": "2", "previous": "1"}
     last = registry.history(MODEL)[-1]
     assert (last.action, last.user, last.changes) == ("approve", "carol", {
         "production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]})
-    assert registry.get_version(MODEL, "2").tags[T.APPROVAL_SIGNATURE] == ""
+    assert registry.get_version(MODEL, "2").tags[T.APPROVAL_SIGNATURE] != ""

@@ -43,6 +43,7 @@ def _keypair(folder: Path, name: str) -> tuple[Path, Path]:
     private, public = folder / f"{name}.pem", folder / f"{name}.pub"
     private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
+    private.chmod(0o600)  # a private key readable by others is refused
     public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
     return private, public
@@ -146,8 +147,13 @@ def test_a_package_signed_by_an_untrusted_key_is_refused_naming_the_signer(
         signed_project: Path, tmp_path: Path, keys: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     v1 = _register(signed_project, tmp_path, 1)
     monkeypatch.setenv(KEY_ENV, keys["other"].read_text())  # the PEM itself, as a CI secret passes it
-    v2 = _register(signed_project, tmp_path, 2)
+    second = _package(tmp_path, 2)
+    with pytest.raises(InputError, match="is not a trusted key of this project"):  # register refuses it first
+        api.register(second, MODEL, signed_project, production=True)
+    monkeypatch.setenv(TRUSTED_ENV, str(keys["other_pub"]))  # trusted while it signs, then no longer
+    v2, _run = api.register(second, MODEL, signed_project, production=True)
     monkeypatch.delenv(KEY_ENV)
+    monkeypatch.delenv(TRUSTED_ENV)
     registry = Registry(resolve_store(signed_project))
     other_fp = json.loads((_artifact_root(registry, v2) / SIGNATURE).read_text())[
         "verificationMaterial"]["publicKey"]["hint"]
@@ -200,7 +206,7 @@ def test_a_release_verifies_with_upstream_model_signing_and_relctl_verify(
 
 def test_unsigned_versions_are_refused_for_moves_and_warned_for_a_folder(
         signed_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (signed_project / "release.yaml").write_text("")  # v1 released before signing was set up
+    (signed_project / "release.yaml").write_text("signing: off\n")  # v1 released before signing was set up
     v1 = _register(signed_project, tmp_path, 1)
     (signed_project / "release.yaml").write_text(f"signing:\n  key: {tmp_path / 'keys/release.pem'}\n"
                                                  f"  trusted_keys: [{tmp_path / 'keys/release.pub'}]\n")
