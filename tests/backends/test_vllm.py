@@ -224,7 +224,7 @@ def test_the_package_is_safetensors_for_vllm(released: dict[str, Any], tmp_path:
     registry = Registry(resolve_store(released["project"]))
     mv = registry.version_for(MODEL, "production")
     assert mv is not None and str(mv.version) == "1"
-    assert mv.description.startswith(f"# {MODEL} — fp32 vLLM"), mv.description[:80]  # the card names its engine
+    assert mv.description.startswith(f"# {MODEL} — vllm fp32"), mv.description[:80]  # the card names its engine
     package = fetch_package(registry, MODEL, "1", tmp_path, trust=Trust())  # no trusted keys: digests only
     assert package.backend_id == "vllm"
     files = package.data["files"]

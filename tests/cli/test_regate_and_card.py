@@ -84,7 +84,7 @@ def test_the_regated_card_has_one_memory_target_the_gates(regated: dict[str, Any
     assert card.splitlines()[2].startswith("**Re-gated**: v1 already served this package")
     assert f"gated again by release run [`{second['release_run']}`]" in card and first["release_run"] in card
     fit = next(line for line in card.splitlines() if line.startswith("| memory fit |"))
-    assert "of a 1" in fit and "memory gate's target" in fit and "24" not in fit  # 2 GiB less headroom, not 24
+    assert "of a 1" in fit and "memory gate's target" in fit and "of a 24" not in fit  # 2 GiB less headroom, not 24
     assert "serving target" not in card and "24.00 GiB" not in card
     details = Path(registry.client.download_artifacts(second["release_run"], DETAILS_ARTIFACT)).read_text()
     assert "## Memory plan (the memory gate's target)" in details and "24.00 GiB" not in details

@@ -1,5 +1,6 @@
-"""The read commands ask the registry only what their answer needs: `history` one query, `status` one for the
-model plus its versions' own records, and the repair/reap sweep only when a move is pending.
+"""The read commands ask the registry only what their answer needs: `history` one query for the model and one
+search of its versions (the engine and precision it names beside each version), `status` one for the model
+plus its versions' own records, and the repair/reap sweep only when a move is pending.
 
 The MlflowClient is the real one on a real SQLite store; each public call is counted on the way through.
 """
@@ -60,7 +61,7 @@ def test_history_is_one_query_and_status_reads_only_the_versions(project_dir: Pa
     calls.clear()
     moves = json.loads(relctl(project_dir, "history", MODEL, "--json"))
     assert [m["action"] for m in moves] == ["promote", "promote"]
-    assert calls == {"get_registered_model": 1}
+    assert calls == {"get_registered_model": 1, "search_model_versions": 1}
 
     calls.clear()
     data = json.loads(relctl(project_dir, "status", MODEL, "--json"))
@@ -85,5 +86,6 @@ def test_a_pending_move_is_found_by_the_same_query_and_repaired(project_dir: Pat
     assert [m.state for m in read_history(registry.client, MODEL, include_abandoned=True)] == ["done", "done"]
     calls.clear()
     relctl(project_dir, "history", MODEL)
-    assert calls == {"get_registered_model": 1}  # repaired: the next read is one query again
+    # repaired: the next read is the model's one query again (and the search naming each version's engine)
+    assert calls == {"get_registered_model": 1, "search_model_versions": 1}
     assert not set(calls) & set(WRITES)

@@ -25,7 +25,10 @@ def swept(trained_package: Path, tiny_data: Path, tmp_path_factory: pytest.TempP
         "traffic": {"arrival": "poisson", "rate": 4, "requests": 20, "dataset": str(dataset), "seed": 3},
         "slos": {"ttft_p95_ms": 150, "max_error_rate": 0.0}, "cost": COST, "sweep": True, "step_duration_s": 2,
         "repeat_best": True})
-    return LoadGate(config).run(gate_context(trained_package, work / "gate"))
+    result = LoadGate(config).run(gate_context(trained_package, work / "gate"))
+    print({"best_rate": result.details.get("sweep_best_rate"), "repeat": result.details.get("repeat"),
+           "limit": result.details.get("limit"), "noise": repeat_noise(result)})  # the figures, with -s
+    return result
 
 
 def row_of(result: GateResult, label: str) -> EngineRow:

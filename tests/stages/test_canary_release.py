@@ -71,7 +71,8 @@ def test_a_candidate_that_passes_the_canary_becomes_production(base: dict[str, A
     assert moves[-1] == ("canary", {"production": ["1", "2"], "previous": [None, "1"], "candidate": ["2", None]})
     assert registry.get_version(MODEL, "2").tags[T.RELEASE_STATE] == "released"
     history = relctl(project, "history", MODEL)
-    assert "candidate: - -> 2" in history.stdout and "candidate: 2 -> -" in history.stdout
+    v2 = "v2 (onnxruntime-genai int4)"  # every version with the engine and precision it serves on
+    assert f"candidate: - -> {v2}" in history.stdout and f"candidate: {v2} -> -" in history.stdout
 
 
 def test_an_undertrained_candidate_fails_on_output_quality_and_production_stays(base: dict[str, Any],

@@ -396,7 +396,7 @@ def test_registry_ui_is_the_reviewers_page(story: dict[str, Any], tmp_path: Path
         assert release_run in chromium(f"{base}/{links[f'`{release_run}`']}", tmp_path)
         assert training_run in chromium(f"{base}/{links[f'`{training_run}`']}", tmp_path)
         replaced = chromium(f"{base}/{links['`v1`']}", tmp_path)
-        assert f"{MODEL} — int4 ONNX" in replaced and "Version 1" in replaced
+        assert f"{MODEL} — onnxruntime-genai int4" in replaced and "Version 1" in replaced
         # The registered model's page: aliases and the alias history as tables, not raw JSON tags.
         model = chromium(f"{base}/#/models/{MODEL}", tmp_path)
         chromium(f"{base}/#/models/{MODEL}", tmp_path, SCREENSHOTS / "model-page.png")
