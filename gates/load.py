@@ -150,6 +150,7 @@ def judge(gate_id: str, cfg: LoadConfig, report: dict[str, Any], work: Path) -> 
                                "server": report.get("server", {}), "sweep_best_rate": report.get("best_rate")}
     if report["kind"] == "sweep":
         details["limit"] = sweep_limit(report)
+        details["sweep_steps"] = [{"rate": r["rate"], "passed": r["passed"]} for r in report["runs"]]
         if report.get("repeat"):
             repeat = report["repeat"]["summary"]
             details["repeat"] = {"rate": report["repeat"]["rate"],
