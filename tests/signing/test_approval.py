@@ -64,8 +64,13 @@ def test_a_full_signed_release_verifies_with_relctl_verify_and_the_upstream_cli(
     assert promoted.exit_code == 0, promoted.output
     registry = Registry(resolve_store(project))
     mv = registry.get_version(MODEL, "1")
-    root = Path(registry.client.get_run(mv.run_id).info.artifact_uri.removeprefix("file://")) / "package"
-    assert (root / SIGNATURE).is_file()
+    stored = Path(registry.client.get_run(mv.run_id).info.artifact_uri.removeprefix("file://")) / "package"
+    assert (stored / SIGNATURE).is_file()
+    # The registry stores the weights once (in the MLflow model, release/registry/package_links.py): the
+    # whole signed package is what `relctl pull` assembles, and that is what the upstream CLI checks.
+    root = awaiting["project"] / "pulled"
+    pulled = relctl(project, "pull", f"{MODEL}/1", "--to", str(root))
+    assert pulled.exit_code == 0, pulled.output
     # Without relctl: OpenSSF model-signing's own CLI and the public key alone.
     upstream = subprocess.run([str(Path(sys.executable).parent / "model_signing"), "verify", "key", "--signature",
                                str(root / SIGNATURE), "--public_key", str(awaiting["public"]), str(root)],
