@@ -218,15 +218,23 @@ def check_config_fields(config: dict[str, object], source: str = "config.json") 
             raise refuse(key, "a non-negative integer (or a list of them)")
 
 
+def read_weight_map(index_path: Path) -> dict[str, str]:
+    """The index's weight_map (tensor name -> shard file name), read by the one loader, its types checked."""
+    from release.core.jsonfile import expect, load_json_object  # noqa: PLC0415
+
+    hint, label = "re-save the sharded checkpoint", f"{index_path.parent.name}/{index_path.name}"
+    weight_map = expect(load_json_object(index_path, hint, label), "weight_map", dict, label, hint)
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or "/" in shard or shard in ("", ".", ".."):
+            raise InputError(f"{label}: 'weight_map.{tensor}' is not a shard file name", hint=hint)
+    return dict(weight_map)
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The base model's safetensors files, in index order when the checkpoint is sharded."""
     index_path = folder / "model.safetensors.index.json"
     if index_path.is_file():
-        try:
-            weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputError(f"{index_path.name}: no readable weight_map",
-                             hint="re-save the sharded checkpoint") from exc
+        weight_map = read_weight_map(index_path)
         names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
@@ -249,7 +257,7 @@ def check_index(folder: Path, headers: dict[Path, SafetensorsHeader]) -> None:
     index_path = folder / "model.safetensors.index.json"
     if not index_path.is_file():
         return
-    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    weight_map = read_weight_map(index_path)
     by_file = {p.name: h for p, h in headers.items()}
     for tensor, shard in weight_map.items():
         if tensor not in by_file[shard].tensors:

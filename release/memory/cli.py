@@ -138,9 +138,10 @@ def _default_engine(source: Path) -> str:
         return read_package(source).backend
     config_file = _project_dir() / "release.yaml"
     if config_file.is_file():
-        import yaml
+        from release.core.jsonfile import load_yaml
 
-        data = yaml.safe_load(config_file.read_text()) or {}
+        data = load_yaml(config_file, hint="fix release.yaml (relctl init writes a valid one)",
+                         label=str(config_file)) or {}
         convert = data.get("convert") if isinstance(data, dict) else None
         chosen = convert.get("backend") if isinstance(convert, dict) else None
         if isinstance(chosen, str) and chosen != AUTO:

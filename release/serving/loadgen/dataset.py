@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import InputError
+from release.core.jsonfile import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,8 @@ def load_dataset(path: Path, default_output_tokens: int) -> list[Sample]:
     if not path.is_file():
         raise InputError(f"{path}: no such dataset file", hint="pass --dataset FILE.jsonl")
     samples = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            samples.append(parse_row(_json(path, number, line), f"{path.name}: line {number}", default_output_tokens))
+    for number, row in read_jsonl(path, hint="one JSON object per line"):
+        samples.append(parse_row(row, f"{path.name}: line {number}", default_output_tokens))
     if not samples:
         raise InputError(f"{path.name}: no rows",
                          hint='one JSON object per line, e.g. {"prompt": "...", "output_tokens": 64}')
