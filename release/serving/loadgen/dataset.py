@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,9 +102,3 @@ def prompt_of_length(tokens: int, salt: int) -> str:
     a length (public traces, request logs whose content was redacted or hashed)."""
     return " ".join(VOCAB[(salt * 7 + k * 5 + k // len(VOCAB)) % len(VOCAB)] for k in range(max(1, tokens)))
 
-
-def _json(path: Path, number: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: line {number} is not JSON", hint="one JSON object per line") from exc
