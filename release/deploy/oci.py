@@ -371,7 +371,7 @@ def _extract(blob: Path, dest: Path, uri: str, limit: int) -> None:
     bytes decompressed. A layer that is not a gzip'd tar, is cut short or expands past its pinned size is bad
     input (exit 2), not a relctl bug."""
     try:
-        with _CappedGzip(blob, limit) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
+        with _CappedGzip(blob, limit) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
             for member in tar.getmembers():
                 parts = Path(member.name).parts
                 if (member.name.startswith("/") or ".." in parts or not parts or parts[0] != MODELS_DIR
