@@ -31,12 +31,16 @@ def broken_copy(source: Path, root: Path, defect: str) -> Path:
     elif defect == "config-duplicate":
         text = (folder / "config.json").read_text()
         (folder / "config.json").write_text(text.replace("{", '{"hidden_size": 64, ', 1))
+    elif defect == "tokenizer-huge":   # sparse: past the 128 MiB bound on paper, nothing on disk
+        with (folder / "tokenizer.json").open("r+b") as fh:
+            fh.truncate(129 * 1024 * 1024)
     else:
         (folder / "tokenizer.json").write_bytes(b'{"version": "1.0", "model": "\xff\xfe"}')
     return folder
 
 
-DEFECTS = {"config-types": "config.json", "config-duplicate": "config.json", "tokenizer-not-utf8": "tokenizer.json"}
+DEFECTS = {"config-types": "config.json", "config-duplicate": "config.json", "tokenizer-not-utf8": "tokenizer.json",
+           "tokenizer-huge": "tokenizer.json"}
 
 
 @pytest.mark.parametrize("defect", list(DEFECTS))
