@@ -122,5 +122,5 @@ def test_a_tokenizer_json_past_its_bound_is_refused_before_the_library_reads_it(
         load_tokenizer(path)
     assert "ckpt/tokenizer.json" in str(raised.value) and "at most 134217728 are read" in str(raised.value)
     path.write_bytes(json.dumps({"version": "1.0"}).encode() + b"\xff")
-    with pytest.raises(InputError, match="tokenizer.json: not UTF-8"):
+    with pytest.raises(InputError, match=r"tokenizer\.json: not UTF-8"):
         load_tokenizer(path)
