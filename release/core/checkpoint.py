@@ -7,7 +7,6 @@ materialized, so a broken or hostile checkpoint is refused before any loader can
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from math import prod
@@ -59,9 +58,15 @@ def read_header(path: Path) -> SafetensorsHeader:
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
                 raise _bad(path, f"header length {header_len} exceeds the file size {size} (truncated?)")
-            header = json.loads(fh.read(header_len))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw_header = fh.read(header_len)
+    except OSError as exc:
         raise _bad(path, f"unreadable header ({exc.__class__.__name__})") from exc
+    from release.core.jsonfile import parse_json  # noqa: PLC0415
+
+    try:   # the one loader's parse: bounded depth, a tensor named twice refused
+        header = parse_json(raw_header, path.name, hint="re-save the checkpoint with save_pretrained(dir)")
+    except InputError as exc:
+        raise _bad(path, f"unreadable header ({exc.message.removeprefix(path.name + ': ')})") from exc
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}

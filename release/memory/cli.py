@@ -35,7 +35,7 @@ def _check_precision(precision: str) -> None:
 
 def _engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """`-o KEY=VALUE` pairs (VALUE read as a YAML scalar: 0.9, 128, true) as the engine's plan options."""
-    import yaml
+    from release.core.jsonfile import parse_yaml
 
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -43,7 +43,8 @@ def _engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise InputError(f"--engine-option {pair!r}: expected KEY=VALUE",
                              hint="e.g. -o gpu_memory_utilization=0.9 (relctl plan --help)")
-        options[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        options[key.strip().replace("-", "_")] = parse_yaml(value, f"--engine-option {key.strip()}",
+                                                            hint="VALUE is a YAML scalar: 0.9, 128, true")
     return options
 
 

@@ -1,8 +1,9 @@
 """Every JSON/YAML reader of relctl goes through the one bounded loader (release/core/jsonfile.py): for each
 reader below, a bad file — garbage, the wrong type, a duplicated key, nesting too deep, too large — is an
 InputError (exit 2) whose message is one line naming the file, raised by the real reader (a backend's
-folder facts, a load-generator dataset, the router's records, a trace log, a checkpoint index, release.yaml
-as `relctl init` and `relctl plan` read it, tokenizer.json before the tokenizers library parses it)."""
+folder facts, a load-generator dataset or segment summary, the router's records, a trace log, a checkpoint
+index, release.yaml as `relctl init` and `relctl plan` read it, tokenizer.json before the tokenizers library
+parses it)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from release.core.errors import InputError
 from release.core.tokenizer_file import load_tokenizer
 from release.memory.cli import _default_engine
 from release.serving.loadgen.dataset import load_dataset
+from release.serving.loadgen.segments import read_segment
 from release.serving.router.records import read_records
 from release.stages.validate import load_prompts
 
@@ -95,6 +97,7 @@ SITES: dict[str, tuple[str, Callable[[Path, str], Callable[[], object]], dict[st
     "router-records": ("records.jsonl", _file("records.jsonl", read_records), JSONL),
     "validate-prompts": ("prompts.jsonl", _file("prompts.jsonl", load_prompts), JSONL),
     "trace-log": ("requests-1.jsonl", _trace_log, {k: v for k, v in JSONL.items() if k != "wrong-type"}),
+    "bench-segment-summary": ("summary.json", _file("summary.json", lambda p: read_segment(p.parent)), JSON),
     "init-release.yaml": ("release.yaml", _init_release_yaml, YAML),
     "plan-release.yaml": ("release.yaml", _plan_release_yaml, YAML),
 }
