@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from release.backends.onnxruntime_genai.runner import read_chat_template
 from release.canary.traffic import load_rows
 from release.commands.init import _configured_backend
 from release.commands.trace import target_from_log
-from release.core.checkpoint import weight_files
+from release.core.checkpoint import read_header, weight_files
 from release.core.errors import InputError
 from release.core.tokenizer_file import load_tokenizer
 from release.memory.cli import _default_engine
@@ -80,6 +81,12 @@ def _init_release_yaml(tmp: Path, text: str) -> Callable[[], object]:
     return lambda: _configured_backend(tmp)
 
 
+def _safetensors_header(tmp: Path, text: str) -> Callable[[], object]:
+    header = text.encode()
+    (tmp / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return lambda: read_header(tmp / "model.safetensors")
+
+
 def _trace_log(tmp: Path, text: str) -> Callable[[], object]:
     (tmp / "requests-1.jsonl").write_text(text)
     return lambda: target_from_log(tmp, "resp-1")
@@ -98,6 +105,7 @@ SITES: dict[str, tuple[str, Callable[[Path, str], Callable[[], object]], dict[st
     "validate-prompts": ("prompts.jsonl", _file("prompts.jsonl", load_prompts), JSONL),
     "trace-log": ("requests-1.jsonl", _trace_log, {k: v for k, v in JSONL.items() if k != "wrong-type"}),
     "bench-segment-summary": ("summary.json", _file("summary.json", lambda p: read_segment(p.parent)), JSON),
+    "safetensors-header": ("model.safetensors", _safetensors_header, JSON),
     "init-release.yaml": ("release.yaml", _init_release_yaml, YAML),
     "plan-release.yaml": ("release.yaml", _plan_release_yaml, YAML),
 }
