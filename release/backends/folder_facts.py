@@ -4,21 +4,29 @@ own encode / decode / generate_ids. The model vLLM serves and the PyTorch refere
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from release.backends.base import Generation
+from release.core.errors import InputError
+from release.core.jsonfile import load_json_object, optional
 
 
 def model_facts(model_dir: Path) -> tuple[dict[str, Any], list[int]]:
     """config.json and the EOS ids (generation_config.json's, else config.json's)."""
-    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
-    generation = model_dir / "generation_config.json"
-    eos = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
-    eos = config.get("eos_token_id") if eos is None else eos
-    return config, [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
+    hint = "rebuild the folder with relctl convert"
+    config = load_json_object(model_dir / "config.json", hint)
+    generation = load_json_object(model_dir / "generation_config.json", hint, missing_ok=True)
+    label = f"{model_dir.name}/generation_config.json"
+    eos = optional(generation, "eos_token_id", (int, list), label, hint)
+    if eos is None:
+        label = f"{model_dir.name}/config.json"
+        eos = optional(config, "eos_token_id", (int, list), label, hint)
+    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in ids):
+        raise InputError(f"{label}: 'eos_token_id' holds a value that is not a token id", hint=hint)
+    return config, [int(e) for e in ids]
 
 
 class FolderFacts(ABC):

@@ -4,7 +4,6 @@ files by that backend (`Backend.memory_facts`), never assumed."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +53,9 @@ def read_package(path: Path) -> PackageFacts:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})", hint="pass a Hugging Face config.json") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: top level is not an object", hint="pass a Hugging Face config.json")
+    from release.core.jsonfile import load_json_object  # noqa: PLC0415
+
+    data = load_json_object(path, "pass a Hugging Face config.json", str(path))
     return data
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from release.backends.folder_facts import FolderFacts
+from release.core.tokenizer_file import load_tokenizer
 
 BATCH = 8  # prompts per forward pass: a weight read serves them all; logits memory grows with it
 
@@ -115,7 +115,7 @@ class TorchReference(FolderFacts):
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype="auto")
         widen_while_running(model, torch)
         self._model: Any = model.eval()
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer = load_tokenizer(model_dir / "tokenizer.json")
         self._read_facts(model_dir)
 
     def encode(self, text: str) -> list[int]:

@@ -20,6 +20,7 @@ import aiohttp
 import numpy as np
 
 from release.core.errors import InputError
+from release.core.jsonfile import read_jsonl
 from release.serving.loadgen.arrivals import plan_arrivals
 from release.serving.loadgen.client import ClientOptions, request_body, run_async
 from release.serving.loadgen.dataset import Sample, parse_row, synthetic_dataset
@@ -53,13 +54,7 @@ def load_rows(path: Path, default_output_tokens: int) -> list[tuple[Sample, str 
     if not path.is_file():
         raise InputError(f"{path}: no such dataset file", hint="set gates.canary.traffic.dataset to a JSONL file")
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path.name}: line {number} is not JSON", hint="one JSON object per line") from exc
+    for number, row in read_jsonl(path, hint="one JSON object per line"):
         sample = parse_row(row, f"{path.name}: line {number}", default_output_tokens)
         expected = row.get("expected")
         rows.append((sample, expected if isinstance(expected, str) else None))

@@ -134,13 +134,11 @@ def _has_release_key(target: Path) -> bool:
 
 def _configured_backend(target: Path) -> str | None:
     """convert.backend of the release.yaml already in `target`, if it names one."""
-    import yaml  # noqa: PLC0415
+    from release.core.jsonfile import load_yaml  # noqa: PLC0415
 
     path = target / "release.yaml"
-    try:
-        data = yaml.safe_load(path.read_text()) if path.is_file() else None
-    except yaml.YAMLError:
-        return None
+    data = load_yaml(path, hint="fix or remove it, then run relctl init again", label=str(path)) \
+        if path.is_file() else None
     convert = data.get("convert") if isinstance(data, dict) else None
     backend = convert.get("backend") if isinstance(convert, dict) else None
     return backend if isinstance(backend, str) else None

@@ -9,12 +9,12 @@ who signed it, with the provenance the signature covers (release/signing).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from release.core.errors import InputError, RegistryError
+from release.core.jsonfile import read_jsonl
 from release.pipeline.versions import fetch_verified
 from release.registry import Registry, links
 from release.registry import tags as T
@@ -45,9 +45,8 @@ def target_from_headers(text: str) -> tuple[str, str, str | None]:
 
 def target_from_log(log_dir: Path, response_id: str) -> tuple[str, str, str | None]:
     for path in sorted(log_dir.glob("requests-*.jsonl"), reverse=True):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("id") == response_id:
+        for _, record in read_jsonl(path, hint="the request logs are relctl serve's; pass its --log-dir"):
+            if isinstance(record, dict) and record.get("id") == response_id:
                 model, _, version = str(record.get("model", "")).rpartition(":")
                 return model, version, record.get("serving_config")
     raise InputError(f"response '{response_id}' is not in the request logs under {log_dir}",

@@ -7,7 +7,6 @@ materialized, so a broken or hostile checkpoint is refused before any loader can
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from math import prod
@@ -59,9 +58,15 @@ def read_header(path: Path) -> SafetensorsHeader:
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
                 raise _bad(path, f"header length {header_len} exceeds the file size {size} (truncated?)")
-            header = json.loads(fh.read(header_len))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw_header = fh.read(header_len)
+    except OSError as exc:
         raise _bad(path, f"unreadable header ({exc.__class__.__name__})") from exc
+    from release.core.jsonfile import parse_json  # noqa: PLC0415
+
+    try:   # the one loader's parse: bounded depth, a tensor named twice refused
+        header = parse_json(raw_header, path.name, hint="re-save the checkpoint with save_pretrained(dir)")
+    except InputError as exc:
+        raise _bad(path, f"unreadable header ({exc.message.removeprefix(path.name + ': ')})") from exc
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -218,15 +223,23 @@ def check_config_fields(config: dict[str, object], source: str = "config.json") 
             raise refuse(key, "a non-negative integer (or a list of them)")
 
 
+def read_weight_map(index_path: Path) -> dict[str, str]:
+    """The index's weight_map (tensor name -> shard file name), read by the one loader, its types checked."""
+    from release.core.jsonfile import expect, load_json_object  # noqa: PLC0415
+
+    hint, label = "re-save the sharded checkpoint", f"{index_path.parent.name}/{index_path.name}"
+    weight_map = expect(load_json_object(index_path, hint, label), "weight_map", dict, label, hint)
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or "/" in shard or shard in ("", ".", ".."):
+            raise InputError(f"{label}: 'weight_map.{tensor}' is not a shard file name", hint=hint)
+    return dict(weight_map)
+
+
 def weight_files(folder: Path) -> list[Path]:
     """The base model's safetensors files, in index order when the checkpoint is sharded."""
     index_path = folder / "model.safetensors.index.json"
     if index_path.is_file():
-        try:
-            weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputError(f"{index_path.name}: no readable weight_map",
-                             hint="re-save the sharded checkpoint") from exc
+        weight_map = read_weight_map(index_path)
         names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
@@ -249,7 +262,7 @@ def check_index(folder: Path, headers: dict[Path, SafetensorsHeader]) -> None:
     index_path = folder / "model.safetensors.index.json"
     if not index_path.is_file():
         return
-    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    weight_map = read_weight_map(index_path)
     by_file = {p.name: h for p, h in headers.items()}
     for tensor, shard in weight_map.items():
         if tensor not in by_file[shard].tensors:

@@ -76,7 +76,7 @@ def parse_json(raw: bytes | str, label: str, hint: str, max_depth: int = MAX_DEP
         raise InputError(f"{label}: invalid JSON: {exc}", hint=hint) from exc
 
 
-def _read(path: Path, label: str, hint: str, max_bytes: int) -> bytes:
+def read_bounded(path: Path, label: str, hint: str, max_bytes: int) -> bytes:
     try:
         size = path.stat().st_size
         if size > max_bytes:
@@ -96,7 +96,7 @@ def load_json(path: Path, hint: str, label: str | None = None, max_bytes: int = 
     name = label or path.name
     if not path.is_file():
         raise InputError(f"{name}: no such file", hint=hint)
-    return parse_json(_read(path, name, hint, max_bytes), name, hint, max_depth)
+    return parse_json(read_bounded(path, name, hint, max_bytes), name, hint, max_depth)
 
 
 def read_json_file(path: Path, missing: InputError, fix_hint: str) -> Any:
@@ -174,7 +174,7 @@ def load_yaml(path: Path, hint: str, label: str | None = None, max_bytes: int = 
     name = label or path.name
     if not path.is_file():
         raise InputError(f"{name}: no such file", hint=hint)
-    raw = _read(path, name, hint, max_bytes)
+    raw = read_bounded(path, name, hint, max_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -195,3 +195,34 @@ def expect(data: Any, field: str, kind: type | tuple[type, ...], label: str, hin
         names = " or ".join(k.__name__ for k in kinds)
         raise InputError(f"{label}: '{field}' is {type(value).__name__}, not {names}", hint=hint)
     return value
+
+
+def load_json_object(path: Path, hint: str, label: str | None = None, missing_ok: bool = False) -> dict[str, Any]:
+    """The JSON object in `path` (as `load_json`), or {} for a missing file when `missing_ok`; InputError naming
+    the file when its top level is not an object."""
+    name = label or f"{path.parent.name}/{path.name}"
+    if missing_ok and not path.is_file():
+        return {}
+    data = load_json(path, hint, name)
+    if not isinstance(data, dict):
+        raise InputError(f"{name}: the top level is {type(data).__name__}, not an object", hint=hint)
+    return data
+
+
+def optional(data: dict[str, Any], field: str, kind: type | tuple[type, ...], label: str, hint: str) -> Any:
+    """`data[field]` checked as `expect` does, or None where it is absent or null."""
+    return None if data.get(field) is None else expect(data, field, kind, label, hint)
+
+
+def read_jsonl(path: Path, hint: str, max_bytes: int = MAX_FILE_BYTES) -> list[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of the JSON Lines file `path`: bounded in size, each line as
+    `parse_json`, a bad line an InputError naming the file and the line."""
+    if not path.is_file():
+        raise InputError(f"{path.name}: no such file", hint=hint)
+    raw = read_bounded(path, path.name, hint, max_bytes)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path.name}: not UTF-8 text (byte {exc.start})", hint=hint) from exc
+    return [(number, parse_json(line, f"{path.name}: line {number}", hint, finite=True))
+            for number, line in enumerate(text.splitlines(), start=1) if line.strip()]

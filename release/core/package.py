@@ -99,7 +99,8 @@ def build_package(out_dir: Path, model_dir: Path, source_dir: Path, fields: dict
     """
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(model_dir, tmp / "model", copy_function=link_or_copy if link_model else shutil.copy2)
+    shutil.copytree(model_dir, tmp / "model", copy_function=link_or_copy if link_model else shutil.copy2,
+                    ignore=shutil.ignore_patterns(".relctl-output.json"))   # `relctl convert`'s marker of OUT
     (tmp / "source").mkdir()
     for name in SOURCE_FILES:
         if (source_dir / name).is_file():

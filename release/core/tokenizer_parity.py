@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from release.core.errors import InputError
+from release.core.tokenizer_file import load_tokenizer
 
 # Strings every served tokenizer must encode like the training one, beside the prompts themselves.
 EDGE_STRINGS = ("", " ", "   \t\n  ", "naïve café ✓ 日本語 🙂", "  leading and trailing  ", "Hello world")
@@ -36,7 +35,7 @@ def compare_tokenizers(
     if not training_tokenizer.is_file():
         raise InputError(f"{training_tokenizer}: training tokenizer not found",
                          hint="pass the checkpoint's tokenizer.json")
-    training = Tokenizer.from_file(str(training_tokenizer))
+    training = load_tokenizer(training_tokenizer)
     for text in texts:
         served, expected = encode(text), list(training.encode(text).ids)
         if served != expected:

@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -43,6 +44,10 @@ DOCKER_LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"   # the 
 DOCKER_MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 TITLE = "org.opencontainers.image.title"
+# The layer's tar size, pinned with the manifest's digest: a pull stops decompressing past it (a gzip layer can
+# expand ~1000-fold). A layer without it (pushed by another tool) is bounded by RELCTL_OCI_MAX_UNPACKED_BYTES.
+UNPACKED = "dev.relctl.layer.unpacked-size"
+MAX_UNPACKED_BYTES = 256 * 1024**3
 MODELS_DIR = "models"     # KServe's ModelCar reads the model from /models of the image
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024   # an image config is a few KB; its descriptor's size bounds the read below this
@@ -102,8 +107,9 @@ def _sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def layer_bytes(package: Path) -> tuple[bytes, str]:
-    """(gzip'd tar, diff id: sha256 of the tar) of `package` under models/, the same bytes for the same files."""
+def layer_bytes(package: Path) -> tuple[bytes, str, int]:
+    """(gzip'd tar, diff id: sha256 of the tar, the tar's size) of `package` under models/, the same bytes for
+    the same files."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         entries = sorted(p for p in package.rglob("*"))
@@ -120,7 +126,7 @@ def layer_bytes(package: Path) -> tuple[bytes, str]:
                 with path.open("rb") as fh:
                     tar.addfile(info, fh)
     tar_data = raw.getvalue()
-    return gzip.compress(tar_data, mtime=0), _sha256(tar_data)
+    return gzip.compress(tar_data, mtime=0), _sha256(tar_data), len(tar_data)
 
 
 @dataclass(frozen=True)
@@ -223,7 +229,7 @@ def publish_package(package: Path, target: str, annotations: dict[str, str], bas
     if ref.digest:
         raise InputError(f"{target}: a digest names what was pushed, it cannot be pushed to",
                          hint="pass oci://HOST/REPO or oci://HOST/REPO:TAG")
-    layer, diff_id = layer_bytes(package)
+    layer, diff_id, unpacked = layer_bytes(package)
     image_config: dict[str, Any] = dict(base.config) if base else {"architecture": "amd64", "os": "linux"}
     rootfs = dict(image_config.get("rootfs") or {"type": "layers", "diff_ids": []})
     rootfs["diff_ids"] = [*rootfs.get("diff_ids", []), diff_id]
@@ -233,7 +239,8 @@ def publish_package(package: Path, target: str, annotations: dict[str, str], bas
                                                   "comment": "the release's package under /models"}]
     config = json.dumps({**image_config, "rootfs": rootfs, "config": runtime, "history": history},
                         sort_keys=True).encode()
-    ours = {"mediaType": LAYER_TYPE, "digest": _sha256(layer), "size": len(layer), "annotations": {TITLE: MODELS_DIR}}
+    ours = {"mediaType": LAYER_TYPE, "digest": _sha256(layer), "size": len(layer), "annotations": {TITLE: MODELS_DIR,
+                                                                            UNPACKED: str(unpacked)}}
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": _sha256(config), "size": len(config)},
@@ -298,7 +305,7 @@ def pull_artifact(uri: str, dest: Path) -> Path:
         try:   # exactly the descriptor's size, hashing to its digest: more is refused unread
             client.download_bounded(f"{client.prefix}://{container.get_blob_url(layer['digest'])}",
                                     f"{uri}: its layer", layer["size"], layer["digest"], blob)
-            _extract(blob, dest, uri)
+            _extract(blob, dest, uri, unpacked_limit(layer, uri))
         finally:
             blob.unlink(missing_ok=True)
     except (OSError, ValueError) as exc:
@@ -306,11 +313,65 @@ def pull_artifact(uri: str, dest: Path) -> Path:
     return dest / MODELS_DIR
 
 
-def _extract(blob: Path, dest: Path, uri: str) -> None:
-    """Plain files and folders under models/ only: no links, devices, absolute paths or `..`. A layer that is
-    not a gzip'd tar, or is cut short, is bad input (exit 2), not a relctl bug."""
+def unpacked_limit(layer: dict[str, Any], uri: str) -> int:
+    """How many bytes the layer may decompress to: its pinned UNPACKED annotation, else the documented default."""
+    declared = (layer.get("annotations") or {}).get(UNPACKED)
+    if declared is None:
+        raw = os.environ.get("RELCTL_OCI_MAX_UNPACKED_BYTES")
+        if raw is not None and not (raw.isdigit() and 0 < int(raw) < 2**63):
+            raise InputError(f"RELCTL_OCI_MAX_UNPACKED_BYTES={raw}: not a positive whole number of bytes",
+                             hint=f"unset it for the default ({MAX_UNPACKED_BYTES})")
+        return int(raw) if raw is not None else MAX_UNPACKED_BYTES
+    if not (isinstance(declared, str) and declared.isdigit() and int(declared) < 2**63):
+        raise InputError(f"{uri}: its layer's {UNPACKED} annotation is not a size in bytes",
+                         hint="pull an artifact `relctl publish` pushed")
+    return int(declared)
+
+
+class _UnpackedTooLarge(Exception):
+    pass
+
+
+class _CappedGzip:
+    """The decompressed stream of a gzip file, refusing to go past `cap` bytes (reads and forward seeks alike):
+    what tarfile reads a layer through."""
+
+    def __init__(self, path: Path, cap: int) -> None:
+        self.stream = gzip.GzipFile(filename=str(path), mode="rb")
+        self.cap = cap
+
+    def read(self, size: int = -1) -> bytes:
+        left = self.cap + 1 - self.stream.tell()
+        data = self.stream.read(left if size < 0 else min(size, max(left, 0)))
+        if self.stream.tell() > self.cap:
+            raise _UnpackedTooLarge
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.stream.tell() + offset if whence == 1 else self.cap + 1
+        if target > self.cap:
+            raise _UnpackedTooLarge
+        return self.stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self) -> _CappedGzip:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _extract(blob: Path, dest: Path, uri: str, limit: int) -> None:
+    """Plain files and folders under models/ only: no links, devices, absolute paths or `..`; at most `limit`
+    bytes decompressed. A layer that is not a gzip'd tar, is cut short or expands past its pinned size is bad
+    input (exit 2), not a relctl bug."""
     try:
-        with tarfile.open(blob, mode="r:gz") as tar:
+        with _CappedGzip(blob, limit) as stream, tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
             for member in tar.getmembers():
                 parts = Path(member.name).parts
                 if (member.name.startswith("/") or ".." in parts or not parts or parts[0] != MODELS_DIR
@@ -318,6 +379,9 @@ def _extract(blob: Path, dest: Path, uri: str) -> None:
                     raise InputError(f"{uri}: the layer holds '{member.name}', which a package never does",
                                      hint="pull an artifact `relctl publish` pushed")
             tar.extractall(dest, filter="data")
+    except _UnpackedTooLarge as exc:
+        raise InputError(f"{uri}: its layer expands past {limit} bytes (the size pinned for it)",
+                         hint="the registry is serving other bytes than were published; do not deploy them") from exc
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise InputError(f"{uri}: its layer is not a complete gzip'd tar ({type(exc).__name__}: {exc})",
                          hint="pull an artifact `relctl publish` pushed") from exc

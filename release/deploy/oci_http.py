@@ -4,8 +4,9 @@ a deadline, and every failure one line naming the host and what relctl waited fo
 oras-py (the push, token auth from the Docker config) sends requests with no timeout, reads answers whole
 and retries a 500 five times over two minutes. Here a `BoundedRegistry` is oras's client with:
 - a per-operation deadline (`RELCTL_OCI_TIMEOUT_S`, 60 s; a blob also gets `size / RELCTL_OCI_MIN_RATE`,
-  1 MiB/s): each socket wait is cut to what is left of it, and it is checked between reads, so a registry
-  that stalls after `/v2/` ends in exit 4 naming the host and the request, not a hang;
+  1 MiB/s): each socket wait is cut to what is left of it, and a timer shuts the sockets down when it passes
+  (status line, headers, body, an upload), so a registry that stalls after `/v2/`, sends its headers a byte
+  at a time or reads an upload a byte at a time ends in exit 4 naming the host and the request, not a hang;
 - no retries: a registry that answers 5xx is reported at once (exit 4, "the registry failed"), with a hint
   about the registry, never about credentials;
 - bounded reads: a manifest is read up to `RELCTL_OCI_MAX_MANIFEST_BYTES` (4 MiB, the distribution spec's
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import http.cookiejar
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,7 +29,9 @@ from typing import Any
 
 import oras.provider
 import requests
+import requests.adapters
 import urllib3
+import urllib3.connection
 
 from release.core.errors import InputError, RegistryError
 
@@ -72,23 +76,70 @@ class _Deadline:
         return self.until - time.monotonic()
 
 
+def _tracking_adapter(sockets: set[socket.socket]) -> requests.adapters.HTTPAdapter:
+    """An adapter whose connections record their sockets in `sockets`, so a timer can cut them off."""
+
+    class Tracked(urllib3.connection.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            sockets.add(self.sock)
+
+    class TrackedTLS(urllib3.connection.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            sockets.add(self.sock)
+
+    class Pool(urllib3.HTTPConnectionPool):
+        ConnectionCls = Tracked
+
+    class TLSPool(urllib3.HTTPSConnectionPool):
+        ConnectionCls = TrackedTLS
+
+    adapter = requests.adapters.HTTPAdapter(max_retries=0)
+    adapter.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
+    return adapter
+
+
 class _BoundedSession(requests.Session):
-    """Every request of oras (auth token fetches too) cut to what is left of the operation's deadline."""
+    """Every request of oras (auth token fetches too) bounded by what is left of the operation's deadline: the
+    socket timeout bounds each wait, and a timer shuts the request's sockets down when the deadline passes, so
+    a registry that sends its status and headers a byte at a time, or reads an upload a byte at a time (each
+    socket operation quick, the whole endless), cannot outlast it either."""
 
     def __init__(self, host: str, deadline: _Deadline) -> None:
         super().__init__()
         self.host = host
         self.deadline = deadline
+        self.sockets: set[socket.socket] = set()
+        adapter = _tracking_adapter(self.sockets)
+        self.mount("http://", adapter)
+        self.mount("https://", adapter)
+
+    def cut_off(self) -> None:
+        """Shut down every socket of this session (from a timer thread: unblocks a read or a send in progress)."""
+        for sock in list(self.sockets):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.sockets.clear()
 
     def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> requests.Response:
         left = self.deadline.left()
         if left <= 0:
             raise stalled(self.host, self.deadline)
         kwargs["timeout"] = (min(left, 10.0), left)
+        watchdog = threading.Timer(left, self.cut_off)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             return super().request(method, url, *args, **kwargs)  # type: ignore[arg-type]
         except requests.exceptions.Timeout as exc:
             raise stalled(self.host, self.deadline) from exc
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            if self.deadline.left() <= 0:   # cut off by the watchdog
+                raise stalled(self.host, self.deadline) from exc
+            raise
+        finally:
+            watchdog.cancel()
 
 
 def stalled(host: str, deadline: _Deadline) -> RegistryError:
@@ -135,7 +186,11 @@ class BoundedRegistry(oras.provider.Registry):  # type: ignore[misc]
         """The raw body (no Content-Encoding decoding: a bound on bytes must be a bound on memory), cut off at
         the deadline: a registry that trickles a byte at a time cannot outlast it (urllib3's shutdown()
         unblocks the read from a timer thread)."""
-        watchdog = threading.Timer(max(self.deadline.left(), 0.0), response.raw.shutdown)
+        def cut() -> None:
+            with contextlib.suppress(OSError):   # the connection may be closed already
+                response.raw.shutdown()
+
+        watchdog = threading.Timer(max(self.deadline.left(), 0.0), cut)
         watchdog.daemon = True
         watchdog.start()
         try:

@@ -35,7 +35,7 @@ def _check_precision(precision: str) -> None:
 
 def _engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """`-o KEY=VALUE` pairs (VALUE read as a YAML scalar: 0.9, 128, true) as the engine's plan options."""
-    import yaml
+    from release.core.jsonfile import parse_yaml
 
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -43,7 +43,8 @@ def _engine_options(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise InputError(f"--engine-option {pair!r}: expected KEY=VALUE",
                              hint="e.g. -o gpu_memory_utilization=0.9 (relctl plan --help)")
-        options[key.strip().replace("-", "_")] = yaml.safe_load(value)
+        options[key.strip().replace("-", "_")] = parse_yaml(value, f"--engine-option {key.strip()}",
+                                                            hint="VALUE is a YAML scalar: 0.9, 128, true")
     return options
 
 
@@ -138,9 +139,10 @@ def _default_engine(source: Path) -> str:
         return read_package(source).backend
     config_file = _project_dir() / "release.yaml"
     if config_file.is_file():
-        import yaml
+        from release.core.jsonfile import load_yaml
 
-        data = yaml.safe_load(config_file.read_text()) or {}
+        data = load_yaml(config_file, hint="fix release.yaml (relctl init writes a valid one)",
+                         label=str(config_file)) or {}
         convert = data.get("convert") if isinstance(data, dict) else None
         chosen = convert.get("backend") if isinstance(convert, dict) else None
         if isinstance(chosen, str) and chosen != AUTO:

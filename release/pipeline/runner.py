@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from release.core.errors import InputError, RegistryError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_tree
+from release.core.jsonfile import load_json_object
 from release.pipeline.progress import Progress
 from release.registry.store import STATE_DIR
 from release.stages.base import Stage, StageResult
@@ -152,7 +153,8 @@ class Pipeline:
         manifest = final / MANIFEST
         if not manifest.is_file():
             return None
-        recorded = json.loads(manifest.read_text())
+        recorded = load_json_object(manifest, hint=f"remove {final} to rebuild that stage",
+                                    label=f"{final.name}/{MANIFEST}")
         if recorded.get("fingerprint") != fingerprint:
             return None
         if sha256_tree(final, exclude=frozenset({MANIFEST})) != recorded.get("files"):

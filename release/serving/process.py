@@ -4,7 +4,6 @@ parent however the parent ends, SIGKILL included (release.core.subprocs)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from typing import Any, Self
 import httpx
 
 from release.core.errors import StageFailed
+from release.core.jsonfile import load_json_object
 from release.core.subprocs import start_child, stop_child
 
 
@@ -66,7 +66,8 @@ class ServerProcess:
                 self.stop()
                 raise StageFailed(f"relctl serve {self.spec}: not ready after {self.start_timeout_s:.0f}s")
             time.sleep(0.05)
-        self.info = json.loads(ready.read_text())
+        self.info = load_json_object(ready, hint="a relctl serve of another version wrote it; upgrade both",
+                                     label=f"relctl serve {self.spec}: {ready.name}")
         httpx.get(f"{self.url}/health", timeout=10).raise_for_status()
         return self
 

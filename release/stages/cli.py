@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -20,26 +21,62 @@ new_dir = click.Path(file_okay=False, path_type=Path)
 R = TypeVar("R", bound="StageResult")
 
 
-def run_standalone(stage: Stage[Any, R], out: Path) -> R:
+OUTPUT_MARKER = ".relctl-output.json"   # what a stage command wrote into OUT: its name and its files
+
+
+def run_standalone(stage: Stage[Any, R], out: Path, command: str) -> R:
     """release.pipeline.runner.run_standalone, imported when a stage command runs: the pipeline brings pydantic
     and rich, the stages an engine's libraries and mlflow, none of which `relctl --help` needs
     (tests/cli/test_startup.py).
     OUT (checked before any work by `check_out`) is built under a temporary name beside it and renamed into
-    place: it appears whole or not at all, and a folder the user had there is never written into."""
+    place: it appears whole or not at all, and a folder the user had there is never written into.
+    `command` is recorded in OUT's marker with the files written, so the same command may replace OUT later."""
+    import json
+
     from release.core.outputs import replace_folder, staging_folder
     from release.pipeline.runner import run_standalone as run
 
     with staging_folder(out) as partial:
         result = run(stage, partial)
+        if command != "package":   # a package lists its files in its own manifest; a marker would be unlisted
+            files = sorted(p.relative_to(partial).as_posix() for p in partial.rglob("*") if not p.is_dir())
+            (partial / OUTPUT_MARKER).write_text(json.dumps({"command": command, "files": files}, indent=1) + "\n")
         replace_folder(partial, out)
     return result
 
 
-def check_out(out: Path) -> Path:
-    """OUT is a new or empty folder (never one holding the user's files): checked before any input is read."""
+def written_by(command: str) -> Callable[[Path], bool]:
+    """Recognises a folder `relctl <command>` wrote: its marker names the command and lists exactly the files
+    there. A folder the user added a file to (or wrote, or another command wrote) is not recognised, so it is
+    refused rather than replaced."""
+    def recognised(folder: Path) -> bool:
+        from release.core.errors import InputError
+        from release.core.jsonfile import load_json
+
+        marker = folder / OUTPUT_MARKER
+        if not marker.is_file():
+            return False
+        try:
+            data = load_json(marker, hint="", max_bytes=64 * 1024 * 1024)
+        except InputError:
+            return False
+        if not isinstance(data, dict) or data.get("command") != command or not isinstance(data.get("files"), list):
+            return False
+        present = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+        return present - {OUTPUT_MARKER} == set(data["files"])
+    return recognised
+
+
+def check_out(out: Path, command: str) -> Path:
+    """OUT is a new or empty folder, or one this same command wrote earlier (replaced whole, atomically); never
+    one holding the user's files. Checked before any input is read."""
     from release.core.outputs import check_new_folder
 
-    return check_new_folder(out, "OUT")
+    if command == "package":   # a package is recognised by its own manifest (no marker: it would be unlisted)
+        from release.deploy.oci import pulled_before
+
+        return check_new_folder(out, "OUT", reusable=pulled_before)
+    return check_new_folder(out, "OUT", reusable=written_by(command))
 
 
 def check_checkpoint_folder(folder: Path) -> None:
@@ -83,9 +120,9 @@ def intake(ctx: Ctx, run_id: str, out: Path, artifact_path: str, as_json: bool) 
     from release.registry.client import open_registry
     from release.stages.intake import IntakeInputs, IntakeStage
 
-    check_out(out)
+    check_out(out, "intake")
     stage = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=artifact_path), open_registry(ctx.project_dir))
-    result = run_standalone(stage, out.resolve())
+    result = run_standalone(stage, out.resolve(), "intake")
     emit(result.model_dump(mode="json"), as_json,
          lambda: click.echo(f"checkpoint in {out / result.checkpoint}: {stage.summary(result)}"))
 
@@ -100,9 +137,9 @@ def merge(base: Path, adapter: Path, out: Path, as_json: bool) -> None:
     """Fold the PEFT LoRA adapter in ADAPTER into the BASE checkpoint; write the merged checkpoint to OUT."""
     from release.stages.merge import MergeInputs, MergeStage
 
-    check_out(out)
+    check_out(out, "merge")
     check_checkpoint_folder(base)
-    result = run_standalone(MergeStage(MergeInputs(upstream="", base=base, adapter=adapter, into="")), out)
+    result = run_standalone(MergeStage(MergeInputs(upstream="", base=base, adapter=adapter, into="")), out, "merge")
     emit(result.model_dump(mode="json"), as_json, lambda: click.echo(f"merged checkpoint written to {out}"))
 
 
@@ -118,11 +155,11 @@ def convert(model: Path, out: Path, precision: str, backend: str, execution_prov
     """Build the serving folder of the Hugging Face checkpoint MODEL at PRECISION into OUT."""
     from release.stages.convert import ConvertInputs, ConvertStage
 
-    check_out(out)
+    check_out(out, "convert")
     check_checkpoint_folder(model)   # before the builder: config.json's types, a tokenizer.json that loads
     inputs = ConvertInputs(upstream="", precision=precision, backend=backend, execution_provider=execution_provider,
                            checkpoint=model, into="")
-    result = run_standalone(ConvertStage(inputs), out)
+    result = run_standalone(ConvertStage(inputs), out, "convert")
     emit(result.model_dump(mode="json"), as_json,
          lambda: click.echo(f"{precision} model for {result.backend} written to {out}"))
 
@@ -155,7 +192,7 @@ def validate(reference: Path, candidate: Path, prompts: Path, tokenizer: Path | 
                             backend=backend_for_folder(reference, backend).id,
                             tokenizer=tokenizer or reference / "tokenizer.json")
     with tempfile.TemporaryDirectory() as tmp:
-        result = run_standalone(ValidateStage(inputs), Path(tmp))
+        result = run_standalone(ValidateStage(inputs), Path(tmp), "validate")
     data = result.model_dump(mode="json")
 
     def text() -> None:
@@ -191,11 +228,11 @@ def package(runtime_model: Path, source: Path, out: Path, model_name: str, preci
         raise InputError(f"--precision: '{precision}' is not offered by the installed backends",
                          hint=f"use one of {', '.join(installed_precisions())}")
     check_model_name(model_name, "--model-name")
-    check_out(out)
+    check_out(out, "package")
     check_config(source)
     fields = {"model_name": model_name, "precision": precision, "serving": ServingConfig().model_dump()}
     run_standalone(PackageStage(PackageInputs(validation="", backend=backend, fields=fields, into="",
-                                              runtime_dir=runtime_model, source_dir=source)), out)
+                                              runtime_dir=runtime_model, source_dir=source)), out, "package")
     data = load_manifest_data(out / MANIFEST)
     emit(data, as_json, lambda: click.echo(f"package with {len(data['files'])} files written to {out}"))
 

@@ -49,14 +49,9 @@ def check_tokenizer(folder: Path) -> None:
     path = folder / "tokenizer.json"
     if not path.is_file():
         return  # the run contract names a missing tokenizer.json; a local checkpoint may use another format
-    from tokenizers import Tokenizer  # noqa: PLC0415 - only when a checkpoint is checked
+    from release.core.tokenizer_file import load_tokenizer  # noqa: PLC0415 - only when a checkpoint is checked
 
-    try:
-        Tokenizer.from_file(str(path))
-    except Exception as exc:  # the Rust parser raises plain Exception for every defect
-        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise InputError(f"{folder.name}/tokenizer.json: not a tokenizer the tokenizers library can load ({first})",
-                         hint="save the training tokenizer with tokenizer.save_pretrained(dir)") from exc
+    load_tokenizer(path, f"{folder.name}/tokenizer.json")
 
 
 def _check_adapter(folder: Path) -> dict[str, Any]:

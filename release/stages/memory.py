@@ -21,6 +21,7 @@ from release.backends import get_backend
 from release.backends.planning import EnginePlan, Target
 from release.backends.shape import shape_from_config
 from release.config import ServingConfig
+from release.core.jsonfile import load_json_object
 from release.core.units import size
 from release.stages.base import Stage, StageInputs, StageResult, location
 
@@ -65,7 +66,8 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
         backend = get_backend(self.inputs.backend)
         facts = backend.memory_facts(self.inputs.runtime_dir, None)
         # A context beyond the model's positions is never reached: the plan is for what can be (and says so).
-        positions = shape_from_config(json.loads(self.inputs.config_path.read_text())).max_positions
+        config = load_json_object(self.inputs.config_path, "re-save the checkpoint with save_pretrained(dir)")
+        positions = shape_from_config(config).max_positions
         context = min(serving.context_tokens, positions)
         target = Target(memory_gib=serving.gpu_memory_gib, concurrency=serving.concurrency,
                         context=context, provider="cuda" if facts.provider == "cuda" else "cpu",

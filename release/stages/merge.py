@@ -27,6 +27,7 @@ from release.core.checkpoint import (
 )
 from release.core.errors import InputError, StageFailed
 from release.core.faults import pause_point
+from release.core.jsonfile import load_json_object, optional
 from release.core.numerics import tensor_max_abs
 from release.lora.adapter import ADAPTER_FILE, AdapterPlan, BaseIndex, plan_adapter
 from release.lora.base_name import ADAPTER_KEY, BASE_NAME_HINT, check_base_names
@@ -190,7 +191,9 @@ def _write_index(base_dir: Path, headers: list[SafetensorsHeader], out: Path) ->
     source = base_dir / INDEX_FILE
     if not source.is_file():
         return
-    metadata = json.loads(source.read_text()).get("metadata") or {}
+    label = f"{base_dir.name}/{INDEX_FILE}"
+    metadata = optional(load_json_object(source, "re-save the sharded checkpoint", label), "metadata", dict, label,
+                        "re-save the sharded checkpoint") or {}
     weight_map = {name: h.path.name for h in headers for name in h.tensors}
     metadata = {**metadata, "total_size": sum(i.nbytes for h in headers for i in h.tensors.values())}
     (out / INDEX_FILE).write_text(json.dumps({"metadata": metadata, "weight_map": dict(sorted(weight_map.items()))},

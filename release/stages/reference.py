@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 from pydantic import Field
-from tokenizers import Tokenizer
 
 from release.backends.base import LoadedModel
 from release.core.errors import InputError, StageFailed
 from release.core.subprocs import start_child, stop_child
+from release.core.tokenizer_file import load_tokenizer
 from release.core.units import size
 from release.stages.base import Stage, StageInputs, StageResult, location
 
@@ -121,7 +121,7 @@ def load(path: Path, token_ids: list[list[int]], max_new_tokens: int) -> list[Pr
 def token_ids_of(prompts: list[str], tokenizer: Path) -> list[list[int]]:
     if not tokenizer.is_file():
         raise InputError(f"{tokenizer}: training tokenizer not found", hint="pass the checkpoint's tokenizer.json")
-    tok = Tokenizer.from_file(str(tokenizer))
+    tok = load_tokenizer(tokenizer)
     return [list(tok.encode(p).ids) for p in prompts]
 
 

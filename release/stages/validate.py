@@ -39,6 +39,7 @@ from release.backends.base import Backend, LoadedModel
 from release.config import ValidationConfig
 from release.core.checks import ThresholdCheck
 from release.core.errors import InputError, ReleaseError, StageFailed
+from release.core.jsonfile import read_jsonl
 from release.core.package import missing_runtime
 from release.core.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare_tokenizers
 from release.stages import reference as reference_stage
@@ -56,13 +57,7 @@ def load_prompts(path: Path) -> list[str]:
         raise InputError(f"{path}: prompts file not found",
                          hint="pass a JSONL file with one {\"prompt\": ...} per line")
     prompts: list[str] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path.name}: line {number} is not valid JSON ({exc.msg})", hint="fix that line") from exc
+    for number, row in read_jsonl(path, hint="fix that line: one {\"prompt\": ...} per line"):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise InputError(
                 f"{path.name}: line {number} has no string field 'prompt'",

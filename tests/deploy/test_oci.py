@@ -216,7 +216,11 @@ def test_a_modelcar_on_a_base_image_is_kserves_storage_uri_and_relctl_serve_veri
     # The base image's layer first (under OCI's name for the same bytes), then the package's; the config
     # extends the base's: its shell is there for KServe's ModelCar sidecar (`sh -c ... sleep`).
     assert [layer["mediaType"] for layer in image["layers"]] == ["application/vnd.oci.image.layer.v1.tar+gzip"] * 2
-    assert image["layers"][1]["annotations"] == {"org.opencontainers.image.title": "models"}
+    annotations = image["layers"][1]["annotations"]
+    assert annotations["org.opencontainers.image.title"] == "models"
+    # The tar's size, pinned with the manifest: what a pull decompresses at most.
+    assert set(annotations) == {"org.opencontainers.image.title", "dev.relctl.layer.unpacked-size"}
+    assert int(annotations["dev.relctl.layer.unpacked-size"]) > image["layers"][1]["size"]
     config = httpx.get(f"http://{oci_registry.host}/v2/models/car-llm/blobs/{image['config']['digest']}").json()
     assert len(config["rootfs"]["diff_ids"]) == 2 and config["config"]["Cmd"] == ["sh"]
     assert image["annotations"]["org.opencontainers.image.base.name"] == base

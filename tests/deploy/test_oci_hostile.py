@@ -7,10 +7,12 @@ left at --to. Plus the --to folder rules: a non-empty folder relctl did not writ
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
+import os
 import tarfile
 import threading
 import time
@@ -23,6 +25,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from release.cli import cli
+from release.core.errors import RegistryError
+from release.deploy.oci import layer_bytes, publish_package
 
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 Handler = Callable[[BaseHTTPRequestHandler], None]
@@ -266,3 +270,120 @@ def test_render_into_a_missing_folder_is_exit_2_before_the_registry_is_read(tmp_
     assert result.exit_code == 2, result.output
     assert "does not exist" in result.stderr.splitlines()[0]
     assert not (tmp_path / ".relctl" / "mlflow.db").exists()
+
+
+def headers_byte_by_byte(h: BaseHTTPRequestHandler) -> None:
+    """A status line and then header bytes one at a time, forever: each socket read is quick, the whole endless."""
+    for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+        h.wfile.write(bytes([byte]))
+        h.wfile.flush()
+        time.sleep(0.02)
+
+
+def test_a_registry_that_sends_its_headers_byte_by_byte_is_cut_off_at_the_deadline(
+        serve: Callable[[dict[str, Handler]], Registry], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELCTL_OCI_TIMEOUT_S", "2")
+    registry = serve({"/v2/m/manifests/": headers_byte_by_byte})
+    result, took = pull(tmp_path, f"oci://{registry.host}/m@{sha(b'anything')}")
+    assert result.exit_code == 4, result.output
+    first = result.stderr.splitlines()[0]
+    assert registry.host in first and "did not answer the manifest of" in first, first
+    assert took < 15 and not (tmp_path / "pkg").exists()
+
+
+class SlowReader:
+    """A registry on 127.0.0.1 that accepts an upload session and then reads the blob 1 KiB per 10 ms."""
+
+    def __init__(self) -> None:
+        class Handle(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _empty(self, status: int, location: str | None = None) -> None:
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                self._empty(200 if self.path == "/v2/" else 404)
+
+            def do_HEAD(self) -> None:
+                self._empty(404)
+
+            def do_POST(self) -> None:
+                self._empty(202, location="/v2/m/blobs/uploads/session")
+
+            def do_PUT(self) -> None:
+                with contextlib.suppress(OSError):
+                    left = int(self.headers.get("Content-Length", "0"))
+                    while left > 0:
+                        left -= len(self.rfile.read(min(left, 1024)) or b"\0" * left)
+                        time.sleep(0.01)
+                    self._empty(201)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handle)
+        self.server.daemon_threads = True
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_large_upload_to_a_registry_that_reads_slowly_is_bounded_by_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELCTL_OCI_TIMEOUT_S", "2")
+    monkeypatch.setenv("RELCTL_OCI_MIN_RATE", str(1024**3))   # the blob's share of the deadline: ~0
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "weights.bin").write_bytes(os.urandom(32 * 1024 * 1024))   # incompressible: a 32 MB layer
+    registry = SlowReader()
+    started = time.monotonic()
+    try:
+        with pytest.raises(RegistryError) as raised:
+            publish_package(package, f"oci://{registry.host}/m:t", {})
+    finally:
+        registry.server.shutdown()
+        registry.server.server_close()
+    took = time.monotonic() - started
+    assert registry.host in str(raised.value) and "did not answer upload of a 3" in str(raised.value)
+    assert raised.value.exit_code == 4
+    assert took < 15   # 32 MiB at 100 KiB/s would take five minutes
+
+
+def gzip_bomb(unpacked: int) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("models/zeros.bin")
+        info.size = unpacked
+        tar.addfile(info, io.BytesIO(bytes(unpacked)))
+    return gzip.compress(raw.getvalue(), compresslevel=9, mtime=0)
+
+
+@pytest.mark.parametrize("pinned", ["annotation", "default"])
+def test_a_layer_that_expands_past_its_pinned_size_is_exit_2_naming_the_layer(
+        serve: Callable[[dict[str, Handler]], Registry], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        pinned: str) -> None:
+    layer = gzip_bomb(64 * 1024 * 1024)   # ~64 KB on the wire
+    data = json.loads(manifest_for(layer))
+    if pinned == "annotation":   # what `relctl publish` pins: the tar's size
+        data["layers"][0]["annotations"]["dev.relctl.layer.unpacked-size"] = "20000"
+    else:                        # a layer pushed without it: the documented default bound
+        monkeypatch.setenv("RELCTL_OCI_MAX_UNPACKED_BYTES", str(1024 * 1024))
+    manifest = json.dumps(data).encode()
+    registry = serve({"/v2/m/manifests/": answer(manifest), f"/v2/m/blobs/{sha(layer)}": answer(layer)})
+    result, _ = pull(tmp_path, f"oci://{registry.host}/m@{sha(manifest)}")
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert "its layer expands past" in first and registry.host in first, first
+    assert not (tmp_path / "pkg").exists()
+    assert sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()) < 2 * 1024 * 1024
+
+
+def test_publish_pins_the_unpacked_size_a_pull_stops_at(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "a.txt").write_bytes(b"x" * 3000)
+    layer, _, unpacked = layer_bytes(package)
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
+        assert tar.getnames() == ["models", "models/a.txt"]
+    assert unpacked == len(gzip.decompress(layer))

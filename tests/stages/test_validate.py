@@ -148,7 +148,7 @@ def test_load_prompts_reads_jsonl_and_skips_blank_lines(tmp_path: Path) -> None:
     [
         (None, "prompts file not found"),
         ("\n  \n", "no prompts in the file"),
-        ('{"prompt": "ok"}\n{"prompt": oops}\n', "line 2 is not valid JSON"),
+        ('{"prompt": "ok"}\n{"prompt": oops}\n', "line 2: invalid JSON"),
         ('{"text": "no prompt key"}\n', "line 1 has no string field 'prompt'"),
         ('["a list"]\n', "line 1 has no string field 'prompt'"),
     ],

@@ -8,7 +8,6 @@ Heavy imports (onnxruntime_genai, onnx) happen inside the methods: finding the b
 
 from __future__ import annotations
 
-import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,8 +115,9 @@ class OnnxruntimeGenaiBackend(Backend):
 
     def runtime_config(self, model_dir: Path) -> dict[str, Any]:
         path = model_dir / GENAI_CONFIG
-        data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-        return data
+        from release.core.jsonfile import load_json_object  # noqa: PLC0415
+
+        return load_json_object(path, hint="rebuild the folder with relctl convert", missing_ok=True)
 
     def memory_facts(self, model_dir: Path, declared_precision: str | None) -> MemoryFacts:
         from release.backends.onnxruntime_genai.folder import read_model_folder  # noqa: PLC0415 - loads onnx

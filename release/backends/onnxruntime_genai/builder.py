@@ -91,7 +91,8 @@ def align_tokenizer(model_dir: Path, out: Path) -> list[str]:
     tokenizers' post-processor really adds, because onnxruntime-extensions looks the BOS id up by the
     bos_token string in that file. Returns notes on what changed.
     """
-    from tokenizers import Tokenizer  # noqa: PLC0415 - loaded only when a tokenizer is compared or aligned
+    from release.core.jsonfile import load_json_object  # noqa: PLC0415
+    from release.core.tokenizer_file import load_tokenizer  # noqa: PLC0415 - the Rust extension, when aligning
 
     source = model_dir / "tokenizer.json"
     if not source.is_file():
@@ -100,10 +101,11 @@ def align_tokenizer(model_dir: Path, out: Path) -> list[str]:
             hint="save the fast tokenizer with the checkpoint (tokenizer.save_pretrained(dir))",
         )
     shutil.copy2(source, out / "tokenizer.json")
-    training = Tokenizer.from_file(str(source))
+    training = load_tokenizer(source)
     bos, eos = added_specials(training)
     cfg_path = out / "tokenizer_config.json"
-    cfg: dict[str, Any] = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg = load_json_object(cfg_path, "save the tokenizer with tokenizer.save_pretrained(dir)",
+                           f"{model_dir.name}/tokenizer_config.json", missing_ok=True)
     wanted: dict[str, Any] = {"add_bos_token": bos is not None, "add_eos_token": eos is not None}
     if bos is not None:
         wanted["bos_token"] = bos

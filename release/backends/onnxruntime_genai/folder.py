@@ -4,7 +4,6 @@ inputs) and the execution provider genai_config.json names, all read from the fi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -70,4 +69,6 @@ def built_for(model_dir: Path) -> str:
     path = model_dir / "genai_config.json"
     if not path.is_file():
         return "cpu"
-    return provider_of(json.loads(path.read_text()))
+    from release.core.jsonfile import load_json_object  # noqa: PLC0415
+
+    return provider_of(load_json_object(path, hint="rebuild the folder with relctl convert"))

@@ -126,8 +126,10 @@ class GenaiRunner:
 def read_chat_template(model_dir: Path) -> str:
     """The tokenizer's chat template, or a plain `role: content` one for models that have none."""
     path = model_dir / "tokenizer_config.json"
-    if path.is_file():
-        template = json.loads(path.read_text()).get("chat_template")
-        if isinstance(template, str) and template:
-            return template
+    from release.core.jsonfile import load_json_object, optional  # noqa: PLC0415
+
+    label, hint = f"{model_dir.name}/tokenizer_config.json", "save the tokenizer with tokenizer.save_pretrained(dir)"
+    template = optional(load_json_object(path, hint, label, missing_ok=True), "chat_template", str, label, hint)
+    if template:
+        return str(template)
     return FALLBACK_CHAT_TEMPLATE

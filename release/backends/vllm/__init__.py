@@ -50,6 +50,9 @@ from release.backends.vllm.engine import (
     kv_cache_space_gib,
 )
 from release.core.errors import InputError, StageFailed
+from release.core.jsonfile import load_json_object, optional
+
+REBUILD = "rebuild the folder with relctl convert"
 
 if TYPE_CHECKING:
     from release.backends.base import Runner
@@ -202,7 +205,7 @@ class VllmBackend(Backend):
                 shutil.copy2(checkpoint / name, out / name)
                 copied.append(name)
         # vLLM reads the dtype from its --dtype flag; the config records what the weights hold.
-        config = json.loads((out / "config.json").read_text())
+        config = load_json_object(out / "config.json", "re-save the checkpoint with save_pretrained(dir)")
         config["dtype"] = DTYPES[precision]
         config[BUILT_FOR_KEY] = execution_provider
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -229,8 +232,7 @@ class VllmBackend(Backend):
         weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
         precision = declared_precision or {v: k for k, v in DTYPES.items()}.get(self._dtype(model_dir), "fp32")
         kv_bytes = 4 if precision == "fp32" else 2
-        path = model_dir / "config.json"
-        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        config = load_json_object(model_dir / "config.json", REBUILD, missing_ok=True)
         return MemoryFacts(weights_bytes=weights, kv_dtype_bytes=kv_bytes, precision=precision,
                            provider=built_for(config))
 
@@ -330,8 +332,9 @@ class VllmBackend(Backend):
 
     def server_command(self, model_dir: Path, served_name: str, host: str, port: int,
                        settings: ServerSettings | None = None, max_logprobs: int = 20) -> ServerCommand:
-        config = json.loads((model_dir / "config.json").read_text())
-        context = int(config.get("max_position_embeddings", 2048))
+        label = f"{model_dir.name}/config.json"
+        config = load_json_object(model_dir / "config.json", REBUILD, label)
+        context = int(optional(config, "max_position_embeddings", int, label, REBUILD) or 2048)
         argv = [str(engine_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--served-model-name", served_name, "--max-model-len", str(context),
                 "--dtype", self._dtype(model_dir), "--host", host, "--port", str(port),
@@ -346,9 +349,10 @@ class VllmBackend(Backend):
         return MAX_NUM_SEQS  # vLLM batches continuously: relctl admits what its scheduler runs
 
     def _dtype(self, model_dir: Path) -> str:
-        path = model_dir / "config.json"
-        config: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-        dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        label = f"{model_dir.name}/config.json"
+        config = load_json_object(model_dir / "config.json", REBUILD, label, missing_ok=True)
+        dtype = optional(config, "dtype", str, label, REBUILD) or optional(config, "torch_dtype", str, label, REBUILD) \
+            or "float32"
         return str(dtype)
 
     # -- registry and deployment -------------------------------------------------------------------

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import numpy as np
-from tokenizers import Tokenizer
 
 from release.backends.folder_facts import FolderFacts, model_facts
 from release.backends.vllm.engine import EngineProcess, free_port, log_path
+from release.core.tokenizer_file import load_tokenizer
 
 if TYPE_CHECKING:
     from release.backends.vllm import VllmBackend
@@ -60,7 +60,7 @@ class VllmModel(FolderFacts):
         config = self._read_facts(model_dir)
         self.vocab_size = int(config["vocab_size"])
         self._http = httpx.Client(base_url=engine.url, timeout=300)
-        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._tokenizer = load_tokenizer(model_dir / "tokenizer.json")
 
     @classmethod
     def start(cls, backend: VllmBackend, model_dir: Path) -> VllmModel:

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import httpx
-from tokenizers import Tokenizer
 
 from release.backends.folder_facts import model_facts
 from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.vllm.engine import EngineProcess, free_port, log_path
+from release.core.jsonfile import load_json_object, optional
+from release.core.tokenizer_file import load_tokenizer
 
 if TYPE_CHECKING:
     from release.backends.vllm import VllmBackend
@@ -42,12 +43,14 @@ class VllmRunner:
         self.batching_note = (f"vLLM batches continuously behind relctl (started in {engine.start_s:.0f}s); relctl "
                               f"admits {settings.workers} requests at once (vLLM's max_num_seqs, or "
                               "serving.server.workers)")
-        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer = load_tokenizer(model_dir / "tokenizer.json")
         template = model_dir / "chat_template.jinja"
         tokenizer_config = model_dir / "tokenizer_config.json"
         self.chat_template: str | None = template.read_text() if template.is_file() else None
         if self.chat_template is None and tokenizer_config.is_file():
-            self.chat_template = json.loads(tokenizer_config.read_text()).get("chat_template")
+            label, hint = f"{model_dir.name}/tokenizer_config.json", "save the tokenizer with save_pretrained(dir)"
+            self.chat_template = optional(load_json_object(tokenizer_config, hint, label), "chat_template", str,
+                                          label, hint)
         # One connection per admitted request: httpx's default pool (100) would queue requests vLLM could run.
         pool = httpx.Limits(max_connections=settings.workers, max_keepalive_connections=settings.workers)
         self._http = httpx.Client(base_url=engine.url, timeout=None, limits=pool)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import InputError
+from release.core.jsonfile import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,8 @@ def load_dataset(path: Path, default_output_tokens: int) -> list[Sample]:
     if not path.is_file():
         raise InputError(f"{path}: no such dataset file", hint="pass --dataset FILE.jsonl")
     samples = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            samples.append(parse_row(_json(path, number, line), f"{path.name}: line {number}", default_output_tokens))
+    for number, row in read_jsonl(path, hint="one JSON object per line"):
+        samples.append(parse_row(row, f"{path.name}: line {number}", default_output_tokens))
     if not samples:
         raise InputError(f"{path.name}: no rows",
                          hint='one JSON object per line, e.g. {"prompt": "...", "output_tokens": 64}')
@@ -103,9 +102,3 @@ def prompt_of_length(tokens: int, salt: int) -> str:
     a length (public traces, request logs whose content was redacted or hashed)."""
     return " ".join(VOCAB[(salt * 7 + k * 5 + k // len(VOCAB)) % len(VOCAB)] for k in range(max(1, tokens)))
 
-
-def _json(path: Path, number: int, line: str) -> Any:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: line {number} is not JSON", hint="one JSON object per line") from exc

@@ -12,7 +12,6 @@ report, never an average of per-host percentiles.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import InputError
+from release.core.jsonfile import expect, load_json_object, optional, read_jsonl
 from release.serving.loadgen.client import Record
 from release.serving.loadgen.dataset import Sample
 
@@ -83,17 +83,22 @@ def read_segment(folder: Path) -> SegmentRun:
     summary = folder / "summary.json"
     if not summary.is_file():
         raise InputError(f"{folder}: no summary.json", hint="pass the --out folders of `relctl bench --segment` runs")
-    report = json.loads(summary.read_text())
-    runs = report.get("runs") or []
-    if report.get("segment") is None or len(runs) != 1:
-        raise InputError(f"{folder}: not a segment run", hint="merge folders written by `relctl bench --segment i/N`")
-    path = Path(runs[0]["records"])
+    hint = "merge folders written by `relctl bench --segment i/N`"
+    label = f"{folder.name}/summary.json"
+    report = load_json_object(summary, hint, label)
+    runs = optional(report, "runs", list, label, hint) or []
+    if report.get("segment") is None or len(runs) != 1 or not isinstance(runs[0], dict):
+        raise InputError(f"{folder}: not a segment run", hint=hint)
+    path = Path(expect(runs[0], "records", str, label, hint))
     path = path if path.is_file() else folder / path.name
     if not path.is_file():
         raise InputError(f"{folder}: records file {path.name} is missing", hint="copy the whole --out folder")
     fields = set(Record.__dataclass_fields__)
-    records = [Record(**{k: v for k, v in json.loads(line).items() if k in fields})
-               for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path, hint="copy the whole --out folder of the segment run")
+    bad = next((number for number, row in rows if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise InputError(f"{path.name}: line {bad} is not a JSON object", hint="copy the whole --out folder")
+    records = [Record(**{k: v for k, v in row.items() if k in fields}) for _, row in rows]
     return SegmentRun(folder, report, records)
 
 

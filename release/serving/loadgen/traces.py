@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import InputError
+from release.core.jsonfile import parse_json
 
 FORMATS_HINT = ("known formats: relctl trace JSONL (timestamp + prompt), Mooncake JSONL (timestamp, input_length, "
                 "output_length), relctl serve request log, relctl bench/router records JSONL, Azure CSV "
@@ -186,10 +186,7 @@ def _count(row: dict[str, Any], key: str, where: str, hint: str, default: int | 
 
 
 def _json_row(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: line {number} is not JSON", hint="one JSON object per line") from exc
+    row = parse_json(line, f"{path.name}: line {number}", hint="one JSON object per line", finite=True)
     if not isinstance(row, dict):
         raise InputError(f"{path.name}: line {number} is not a JSON object", hint=FORMATS_HINT)
     return row

@@ -6,10 +6,11 @@ exporter) that writes the same fields can be judged the same way.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from release.core.errors import InputError
+from release.core.jsonfile import read_jsonl
 from release.serving.loadgen.client import Record
 
 
@@ -35,8 +36,8 @@ def read_records(path: Path) -> list[RouterRecord]:
     """Records from JSONL; unknown fields are ignored, so newer writers stay readable."""
     known = {f.name for f in fields(RouterRecord)}
     out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            out.append(RouterRecord(**{k: v for k, v in row.items() if k in known}))
+    for number, row in read_jsonl(path, hint="records are written by relctl's router; pass its records file"):
+        if not isinstance(row, dict):
+            raise InputError(f"{path.name}: line {number} is not a JSON object", hint="pass the router's records file")
+        out.append(RouterRecord(**{k: v for k, v in row.items() if k in known}))
     return out
