@@ -278,3 +278,28 @@ def test_rollback_to_the_q8_0_release_serves_it_and_traces_it(released: dict[str
     traced = relctl(project, "trace", str(headers), "--json")
     assert traced.returncode == 0, traced.stderr
     assert released["run"] in traced.stdout
+
+
+def test_q4_k_m_of_a_256_wide_llama_is_stored_as_k_quants(tiny_base_only: Path, tmp_path: Path) -> None:
+    """The k-quant path itself: a Llama whose every matrix row is 256 wide (random weights, the example's
+    tokenizer) builds as Q4_K/Q6_K only, nothing fallen back to a legacy type."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    checkpoint = tmp_path / "wide"
+    checkpoint.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        shutil.copy(tiny_base_only / name, checkpoint / name)
+    example = json.loads((tiny_base_only / "config.json").read_text())
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=example["vocab_size"], hidden_size=256, intermediate_size=512,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=128, bos_token_id=example["bos_token_id"],
+                                 eos_token_id=example["eos_token_id"])).save_pretrained(checkpoint)
+    out = tmp_path / "q4"
+    out.mkdir()
+    result = LlamaCppBackend().export(checkpoint, out, "q4_K_M", "cpu", tmp_path / "q4.log")
+    types = read_gguf(out / GGUF_FILE).matrix_types()
+    assert set(types.values()) <= {"Q4_K", "Q6_K"} and "Q4_K" in types.values(), types
+    assert LlamaCppBackend().precision_of(out) == "q4_K_M"
+    assert any("Q4_K" in note for note in result.notes), result.notes
