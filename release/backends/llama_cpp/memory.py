@@ -25,7 +25,7 @@ MIB = 1024**2
 # llama-context.cpp: `cparams.n_ctx = GGML_PAD(cparams.n_ctx, 256)`: the pool is allocated in 256-cell steps.
 KV_CELL_PAD = 256
 # The process beyond weights and KV: llama-server's binary, ggml's compute buffers for the default 512-token
-# ubatch and its HTTP threads: the example's llama-server holds 18.4 MiB RSS serving (docs/llama-cpp.md).
+# ubatch and its HTTP threads: the example's llama-server holds 18-21 MiB RSS serving (docs/llama-cpp.md).
 PROCESS_ALLOWANCE_BYTES = 32 * MIB
 KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\)")
 SLOT_LINE = re.compile(r"n_slots = (\d+), n_ctx_slot = (\d+)")
