@@ -216,7 +216,7 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
 
 
 def _versions(version: str | None, engines: dict[str, str]) -> str:
-    """"v2 (vllm fp32)": a version with the engine and precision it serves on; "-" for none."""
+    """"v2 (ENGINE fp32)": a version with the engine and precision it serves on; "-" for none."""
     return "-" if version is None else f"v{version} ({engines[version]})" if version in engines else f"v{version}"
 
 

@@ -32,7 +32,7 @@ class ServerSettings(BaseModel):
 
     workers: int = Field(default=2, ge=1, le=64, description="generations running at once on the thread-pool path "
                          "(one generator each); with batching, the threads that serve seeded requests; in front of an "
-                         "engine that schedules itself (vLLM), at least as many as it runs at once (its max_num_seqs)")
+                         "engine that schedules itself, at least as many as it runs at once (its admission_limit)")
     batching: Literal["auto", "on", "off"] = Field(
         default="auto", description="batch requests through the engine's own batching (its runner's "
         "BatchEngine): auto (when the model supports it, else the thread pool), on (refuse to start without "

@@ -1,7 +1,7 @@
 """Every context release.yaml sets, checked against the model's maximum before anything slow.
 
 A context is a number of tokens one sequence holds. A plan, a load test or a gate at a context the model
-cannot attend to measures nothing real (and vLLM refuses to start beyond max_model_len, minutes into a
+cannot attend to measures nothing real (and an engine may refuse to start beyond it, minutes into a
 promote), so `relctl check` and promote's first step refuse it, naming the setting to change. The fields are
 found by name, in release.yaml's own sections and in every configured gate's block, so a new gate's
 `context` is checked without a line here:

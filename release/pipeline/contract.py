@@ -87,7 +87,7 @@ def release_model_name(registry: Registry, cfg: ReleaseConfig, run: RunRecord) -
 
 def engine_reason(config: dict[str, Any], cfg: ReleaseConfig, chosen: Backend) -> str:
     """Why `chosen` builds and serves this checkpoint, in one sentence for the progress line and the card: an
-    engine change must never be silent (an OLMo checkpoint going to vLLM under auto said only "via vllm")."""
+    engine change must never be silent (an OLMo checkpoint changing engines under auto once said only "via ENGINE")."""
     target = f"{cfg.convert.precision} on {cfg.convert.execution_provider}"
     if cfg.convert.backend != AUTO:
         return f"convert.backend: {chosen.id} in release.yaml"

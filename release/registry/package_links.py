@@ -6,7 +6,7 @@ Both used to hold the weights: two copies of the largest files in the artifact s
 holds them (MLflow copies them there verbatim: release/registry/runs.py), the release run's `package/`
 holds every other file, and `package.links.json` beside it names where each left-out file lives:
 
-    {"model_id": "m-...", "files": {"model/model.onnx.data": "model.onnx.data"}}
+    {"model_id": "m-...", "files": {"model/weights.data": "weights.data"}}
 
 Fetching a package fills those files in from the LoggedModel before the manifest check, which covers them
 like every other file (digest anchored in the registry), so a link cannot smuggle in other bytes. Versions

@@ -112,12 +112,12 @@ def gate_metric(gate_id: str, metric: str) -> str:
 
 def engine_of(tags: dict[str, str]) -> str:
     """The serving engine (backend id) of a version. Versions released before backends were named were all
-    onnxruntime-genai packages (release.core.package.LEGACY_BACKEND)."""
+    built by the legacy engine (release.core.package.LEGACY_BACKEND)."""
     return tags.get(BACKEND) or LEGACY_BACKEND
 
 
 def engine_label(tags: dict[str, str]) -> str:
-    """A version's serving engine and precision as people read them: "vllm fp32"."""
+    """A version's serving engine and precision as people read them: "ENGINE fp32"."""
     return f"{engine_of(tags)} {tags.get(PRECISION) or 'unknown precision'}"
 
 

@@ -23,14 +23,16 @@ import httpx
 import pytest
 import yaml
 
-from release.backends import available_backends
+from release.backends import available_backends, choose_backend
 from release.backends.llama_cpp import LlamaCppBackend, toolchain
-from release.backends.llama_cpp.deploy import IMAGE, kserve_container
+from release.backends.llama_cpp.deploy import IMAGE
 from release.backends.llama_cpp.export import k_quant_problem, pre_tokenizer_of
 from release.backends.llama_cpp.gguf_facts import GGUF_FILE, kv_bytes_per_token, read_gguf
 from release.backends.llama_cpp.memory import replica_plan
-from release.config import ValidationConfig
-from release.core.errors import InputError
+from release.backends.planning import Target
+from release.backends.shape import parameter_count, shape_from_config
+from release.config import ValidationConfig, load_config
+from release.core.errors import ConfigError, InputError
 from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
@@ -174,16 +176,117 @@ def test_q4_k_m_of_the_64_wide_example_is_refused_before_the_converter_runs(tiny
 
 
 def test_server_and_kserve_start_llama_server_with_the_same_flags(builds: dict[str, Path]) -> None:
-    command = LlamaCppBackend().engine_command(builds["fp16"], "m", "127.0.0.1", 8000, slots=4)
+    backend = LlamaCppBackend()
+    command = backend.engine_command(builds["fp16"], "m", "127.0.0.1", 8000, slots=4)
     argv = command.argv
     assert Path(argv[0]).name == "llama-server" and argv[argv.index("--parallel") + 1] == "4"
     assert argv[argv.index("--ctx-size") + 1] == str(4 * 128) and "--kv-unified" in argv  # 4 slots x full context
-    container = kserve_container("tiny-llm", slots=4, context=128, memory_bytes=300 * 2**20)
-    assert container["image"] == IMAGE and container["resources"]["limits"]["memory"] == "300Mi"
-    args = container["args"]
+    # The deployment of a release planned at 4 x 128 tokens: the plan's slots, pool and memory.
+    memory = {"per_replica_bytes": 300 * 2**20, "concurrency": 4, "kv_capacity_tokens": 512}
+    deployment = backend.deployment({"source/config.json": {"max_position_embeddings": 128}}, memory)
+    assert deployment.own_engine and deployment.engine_image == IMAGE and deployment.validated_device == "cpu"
+    assert deployment.memory_bytes is not None and deployment.memory_bytes > 300 * 2**20
+    template = yaml.safe_load(Path(deployment.template).read_text())
+    args = [*template["spec"]["predictor"]["containers"][0]["args"], *deployment.args]
     assert args[args.index("--model") + 1] == "/mnt/models/package/model/model.gguf"
     local = [a for a in argv[1:] if a.startswith("--") and a != "--log-verbosity"]  # relctl reads its KV line
-    assert [a for a in args if a.startswith("--")] == local
+    assert set(local) <= {a for a in args if a.startswith("--")}
+    assert args[args.index("--parallel") + 1] == "4" and args[args.index("--ctx-size") + 1] == "512"
+    assert "--n-gpu-layers" in backend.deployment({}, memory, device="cuda").args
+
+
+# -- auto's order, the plan, the settings -----------------------------------------------------------------------
+
+def test_auto_tries_the_built_ins_first_by_declared_preference_not_by_entry_point_name() -> None:
+    from importlib.metadata import entry_points
+
+    names = [ep.name for ep in entry_points(group="relctl.backends")]
+    assert sorted(names) == names or names[0] == "llama-cpp"   # setuptools writes them by name: llama-cpp first
+    assert list(available_backends())[:3] == ["onnxruntime-genai", "vllm", "llama-cpp"]
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+             "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 400}
+    # int4 on cpu: onnxruntime-genai, as before the plug-in was installed; fp16 on cpu: only llama.cpp builds it.
+    assert choose_backend(llama, "auto", "int4", "cpu").id == "onnxruntime-genai"
+    assert choose_backend(llama, "auto", "fp16", "cpu").id == "llama-cpp"
+    assert LlamaCppBackend.display_name == "llama.cpp"
+
+
+EXAMPLE_SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                 "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 16, "max_position_embeddings": 128, "vocab_size": 400}
+
+
+def test_the_plan_of_a_config_rounds_the_kv_pool_to_256_cells(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(EXAMPLE_SHAPE))
+    backend = LlamaCppBackend()
+    plan = backend.plan(path, Target(memory_gib=1, concurrency=3, context=100, provider="cpu"), precision="q8_0")
+    per_token = 2 * 2 * 16 * 2 * 2   # layers x kv_heads x (key + value length) x f16
+    assert plan.kv_bytes_per_token == per_token
+    assert plan.kv_capacity_tokens == 512 and plan.kv_cache_bytes == 512 * per_token   # 300 tokens -> 512 cells
+    assert plan.weights_bytes == int(parameter_count(shape_from_config(EXAMPLE_SHAPE)) * 34 / 32)
+    assert plan.per_replica_bytes == plan.weights_bytes + plan.kv_cache_bytes + plan.activations_bytes \
+        + plan.overhead_bytes and plan.peak_bytes == 2 * plan.per_replica_bytes   # the reload shares the device
+    assert plan.fits and plan.details["weights_source"] == "config.json"
+    one = backend.plan(path, Target(memory_gib=1, concurrency=1, context=1, provider="cpu", kv_dtype="fp32"))
+    assert one.kv_capacity_tokens == 256 and one.kv_cache_bytes == 256 * 2 * per_token   # one cell step, f32
+    tight = backend.plan(path, Target(memory_gib=0.02, concurrency=4, context=128, provider="cpu"))
+    assert not tight.fits and not tight.checks[0].passed and "does not fit on llama.cpp" in tight.summary
+    for bad in (Target(memory_gib=1, concurrency=1, context=100, provider="cuda"),
+                Target(memory_gib=1, concurrency=1, context=100, provider="cpu", kv_dtype="fp8"),
+                Target(memory_gib=1, concurrency=1, context=129, provider="cpu")):
+        with pytest.raises(InputError):
+            backend.plan(path, bad)
+    with pytest.raises(InputError):
+        backend.plan(path, Target(memory_gib=1, concurrency=1, context=100, provider="cpu"), settings={"x": 1})
+
+
+def test_relctl_plan_engine_llama_cpp_prints_its_plan(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(EXAMPLE_SHAPE))
+    done = relctl(tmp_path, "plan", str(path), "--engine", "llama-cpp", "--memory-gib", "1", "--concurrency", "3",
+                  "--context", "100", "--precision", "q8_0", "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["engine"] == "llama-cpp" and data["kv_capacity_tokens"] == 512 and data["cache_type"] == "f16"
+
+
+def test_the_plan_of_a_built_gguf_matches_what_llama_server_allocated(builds: dict[str, Path], tiny_base_only: Path,
+                                                                     tmp_path: Path) -> None:
+    """The memory gate's view of a package: weights from the GGUF, and the KV pool llama-server logged (the
+    validation server's: 1 slot x 128 positions -> 256 cells) against the same arithmetic."""
+    (tmp_path / "model").symlink_to(builds["q8_0"], target_is_directory=True)
+    (tmp_path / "source").mkdir()
+    shutil.copy(tiny_base_only / "config.json", tmp_path / "source" / "config.json")
+    plan = LlamaCppBackend().plan(tmp_path, Target(memory_gib=2, concurrency=4, context=128, provider="cpu"),
+                                  measure=True)
+    assert plan.details["weights_source"] == "package"
+    assert plan.weights_bytes == read_gguf(builds["q8_0"] / GGUF_FILE).weights_bytes
+    assert plan.kv_capacity_tokens == 512 and plan.fits
+    names = {c.name: c for c in plan.checks}
+    assert names["kv_pool_relative_error"].passed, plan.details["measured"]
+    assert plan.details["cold_start"]["metrics"]["load_s"] > 0
+
+
+def test_convert_llama_cpp_home_is_checked_and_exported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(toolchain.HOME_ENV, "unset-below")   # restored after the test, whatever configure sets
+    monkeypatch.delenv(toolchain.HOME_ENV)
+    monkeypatch.setattr(toolchain, "_from_config", None)
+    built = toolchain.home()
+    path = tmp_path / "release.yaml"
+    path.write_text(yaml.safe_dump({"convert": {"backend": "llama-cpp", "precision": "q8_0",
+                                                "llama-cpp": {"home": str(tmp_path / "nowhere")}}}))
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert "convert.llama-cpp.home" in refused.value.message and "make llama-cpp-env" in (refused.value.hint or "")
+    assert toolchain.HOME_ENV not in os.environ
+    path.write_text(yaml.safe_dump({"convert": {"backend": "llama-cpp", "precision": "q8_0",
+                                                "llama-cpp": {"home": str(built), "threads": 2}}}))
+    load_config(path)
+    assert os.environ[toolchain.HOME_ENV] == str(built.absolute()) and toolchain.missing() is None
+    path.write_text(yaml.safe_dump({"convert": {"llama-cpp": {"homes": "x"}}}))
+    with pytest.raises(ConfigError):
+        load_config(path)
 
 
 # -- end to end: promote (validation, gates), register, serve, trace, rollback ----------------------------------
@@ -194,9 +297,6 @@ def released(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> dict[st
     config = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
     config["convert"] = {"backend": "llama-cpp", "precision": "q8_0"}
     config["gates"].pop("canary")   # the first release has no production to compare with
-    # The memory gate plans every engine but vLLM with onnxruntime-genai's formula (gates/memory.py): not
-    # llama.cpp's, so it is not run here (a contract gap, docs/llama-cpp.md).
-    config["gates"].pop("memory")
     (project / "release.yaml").write_text(yaml.safe_dump(config))
     shutil.copy(EXAMPLE / "traffic.jsonl", project / "traffic.jsonl")
     train = load_train_module()
@@ -220,13 +320,47 @@ def test_promote_releases_through_llama_cpp_with_validation_and_gates(released: 
     shown = {k: metrics[k] for k in ("top1_agreement", "mean_kl", "greedy_agreement")}
     print(f"promote q8_0 (merged LoRA) vs PyTorch: {json.dumps(shown)}")
     statuses = {g["gate"]: g["status"] for g in report["gates"]}
-    assert statuses == {"eval": "pass", "safety": "pass", "load": "pass"}, report["gates"]
+    assert statuses == {"eval": "pass", "safety": "pass", "load": "pass", "memory": "pass"}, report["gates"]
+    memory = next(g for g in report["gates"] if g["gate"] == "memory")
+    # llama.cpp's own plan: 4 x 128 tokens in 512 cells, and the pool llama-server logged agrees with it.
+    assert memory["details"]["engine"] == "llama-cpp", memory
+    assert memory["metrics"]["kv_capacity_tokens"] == 512 and memory["metrics"]["kv_pool_relative_error"] <= 0.01
     registry = Registry(resolve_store(released["project"]))
     package = fetch_package(registry, MODEL, "1", tmp_path, trust=Trust())  # no trusted keys: digests only
     assert package.backend_id == "llama-cpp"
     assert "model/model.gguf" in package.data["files"]
     model_files = [name for name in package.data["files"] if name.startswith("model/")]
     assert not any(name.endswith((".onnx", ".safetensors")) for name in model_files), model_files
+
+
+@pytest.mark.slow
+def test_render_kserve_of_the_llama_cpp_release_runs_llama_server(released: dict[str, Any]) -> None:
+    """The released version's InferenceService: llama.cpp's image running llama-server on the verified GGUF,
+    with the slots, KV pool and memory its release recorded, not relctl's image running relctl serve."""
+    assert released["promote"].returncode == 0, "the first release failed: see its test"
+    done = relctl(released["project"], "render", "kserve", f"{MODEL}/1", "--image", "ghcr.io/example/relctl:1",
+                  timeout=300)
+    assert done.returncode == 0, done.stderr
+    manifest = yaml.safe_load(done.stdout)
+    predictor = manifest["spec"]["predictor"]
+    engine = predictor["containers"][0]
+    assert engine["image"] == IMAGE and "command" not in engine   # the image's entrypoint: llama-server
+    args = engine["args"]
+    assert args[args.index("--model") + 1] == "/mnt/models/package/model/model.gguf"
+    assert args[args.index("--parallel") + 1] == "4" and args[args.index("--ctx-size") + 1] == "512"
+    assert "--kv-unified" in args and args[args.index("--cache-ram") + 1] == "0"
+    assert manifest["metadata"]["annotations"]["relctl/backend"] == "llama-cpp"
+    assert "nvidia.com/gpu" not in engine["resources"]["limits"]
+    registry = Registry(resolve_store(released["project"]))
+    recorded, _ = registry.recorded_numbers(registry.get_version(MODEL, "1"))
+    per_replica = recorded.get("memory.per_replica_bytes")
+    assert per_replica and recorded.get("memory.concurrency") == 4, recorded
+    limit = engine["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi") and int(limit[:-2]) * 2**20 >= per_replica
+    pull = predictor["initContainers"][0]
+    assert pull["image"] == "ghcr.io/example/relctl:1" and "pull" in pull["command"]
+    gpu = relctl(released["project"], "render", "kserve", f"{MODEL}/1", "--image", "x", "--gpus", "1", timeout=300)
+    assert gpu.returncode == 2 and "validated for cpu" in gpu.stderr
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """A GGUF package inside `relctl serve`: relctl's server stays the front, llama-server generates behind it.
 
 `open_runner` starts llama-server (the backend's argv) on a private 127.0.0.1 port with one slot per request
-relctl admits at once (`serving.server.workers`), so llama.cpp's continuous batching sees every admitted
-request and relctl's queue never caps it below its own scheduler. relctl keeps request validation, admission
+relctl admits at once (`serving.server.workers`, raised by relctl's server to at least the backend's
+`admission_limit`: llama-server's own default of 4 slots), so llama.cpp's continuous batching sees every
+admitted request and relctl's queue never caps it below its own scheduler. relctl keeps request validation, admission
 (429), auth, timeouts, stop strings, the X-Relctl-* headers, /metrics and the request log. Prompt ids, not
 text, go to llama-server, so relctl's length checks and the engine see the same tokens; the tokenizer is the
 engine's own (/tokenize), the one validation checked against the training tokenizer.
@@ -17,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
+from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.llama_cpp.gguf_facts import GGUF_FILE, GgufFacts, read_gguf
 from release.backends.llama_cpp.server import ServerProcess, free_port, log_path
-from release.serving.jobs import Job, StopMatcher, emit_text, sampled
-from release.serving.protocol import ModelLimits
 
 if TYPE_CHECKING:
     from release.backends.llama_cpp import LlamaCppBackend

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from release.core.errors import InputError
+from release.core.errors import ConfigError, InputError
 
 # The llama-cpp-python sdist whose vendored llama.cpp is built: its version names the build everywhere
 # (manifests, the cache folder, the serving image's documentation).
@@ -31,6 +31,27 @@ HOME_ENV = "RELCTL_LLAMA_CPP_HOME"
 STAMP = "BUILT"
 BINARIES = ("llama-server", "llama-quantize")
 MAKE_HINT = f"run `make llama-cpp-env` (builds llama.cpp once per machine), or set {HOME_ENV} to a built copy"
+
+
+_from_config: str | None = None  # the home `convert.llama-cpp.home` set in this process (not the user's own)
+
+
+def configure_home(value: str, base_dir: Path, label: str) -> None:
+    """release.yaml's `convert.llama-cpp.home` (relative to `base_dir`, release.yaml's folder): checked now,
+    when the file is loaded (a folder without a whole build is refused, naming `make llama-cpp-env`), and
+    exported as RELCTL_LLAMA_CPP_HOME so the `relctl serve` processes the gates start find the same build.
+    A RELCTL_LLAMA_CPP_HOME the user set wins, unchecked here (target_problem checks it)."""
+    global _from_config  # one setting per process, as the environment variable is
+    given = os.environ.get(HOME_ENV)
+    if given and given != _from_config:
+        return
+    path = Path(value).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if build_record(path) is None:
+        raise ConfigError(f"{label}: convert.llama-cpp.home: {path}: no llama.cpp build there (no {STAMP} file)",
+                          hint=f"run `make llama-cpp-env` with {HOME_ENV}={path}, or fix the path (relative to "
+                               f"{label}'s folder)")
+    _from_config = os.environ[HOME_ENV] = str(path.absolute())
 
 
 def home() -> Path:
