@@ -39,6 +39,7 @@ from release.registry.store import resolve_store
 from release.signing.keys import Trust
 from release.stages.validate import load_prompts, validate
 from tests.conftest import load_train_module
+from tests.deploy.test_kserve import schema_problems
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-llm"
 MODEL = "tiny-llm"
@@ -334,7 +335,7 @@ def test_promote_releases_through_llama_cpp_with_validation_and_gates(released: 
 
 
 @pytest.mark.slow
-def test_render_kserve_of_the_llama_cpp_release_runs_llama_server(released: dict[str, Any]) -> None:
+def test_render_kserve_of_the_llama_cpp_release_runs_llama_server(released: dict[str, Any], tmp_path: Path) -> None:
     """The released version's InferenceService: llama.cpp's image running llama-server on the verified GGUF,
     with the slots, KV pool and memory its release recorded, not relctl's image running relctl serve."""
     assert released["promote"].returncode == 0, "the first release failed: see its test"
@@ -342,6 +343,7 @@ def test_render_kserve_of_the_llama_cpp_release_runs_llama_server(released: dict
                   timeout=300)
     assert done.returncode == 0, done.stderr
     manifest = yaml.safe_load(done.stdout)
+    assert schema_problems(manifest, tmp_path) == []   # KServe's own InferenceService schema
     predictor = manifest["spec"]["predictor"]
     engine = predictor["containers"][0]
     assert engine["image"] == IMAGE and "command" not in engine   # the image's entrypoint: llama-server
