@@ -13,8 +13,9 @@ Per replica, in bytes (B = concurrent sequences, L = context tokens, u = tokens 
     overlap     = the replica being replaced, when a rolling update shares the devices (`relctl serve`
                   reloads in place: the new llama-server starts before the old one stops)
 The target fits when weights + KV + compute + overhead + overlap <= devices x memory x (1 - headroom).
-`measure`: the KV pool llama-server logged at start-up (cells, MiB) must equal the plan's for the same slots
-and context (within KV_TOLERANCE), read from the server validation and the gates already share.
+`measure`: the KV pool llama-server logged at start-up must match the plan's for the same slots and context:
+its cells within KV_TOLERANCE, its MiB within the log's rounding (two decimals) plus KV_TOLERANCE; read from
+the server validation and the gates already share.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from release.backends.llama_cpp.gguf_facts import CACHE_TYPE_BYTES, DEFAULT_CACH
 from release.backends.llama_cpp.memory import KV_CELL_PAD, PROCESS_ALLOWANCE_BYTES, kv_cells
 from release.backends.planning import (
     GIB,
+    MIB,
     Check,
     EnginePlan,
     Target,
@@ -45,7 +47,8 @@ UBATCH_TOKENS = 512
 BYTES_PER_WEIGHT = {"fp16": 2.0, "q8_0": 34 / 32, "q4_K_M": 4.9 / 8}
 # The target's KV dtype (`--kv-dtype`, relctl's names) -> llama.cpp's cache type (--cache-type-k/-v).
 CACHE_TYPES = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0"}
-KV_TOLERANCE = 0.01  # llama.cpp logs the pool in MiB with two decimals
+KV_TOLERANCE = 0.01
+LOG_ROUNDING_MIB = 0.005  # llama.cpp logs the pool in MiB with two decimals
 
 
 @dataclass(frozen=True)
@@ -133,13 +136,22 @@ def make_plan(engine: str, spec: LlamaSpec, target: Target, overlap_bytes: int |
                                "ubatch_tokens": min(UBATCH_TOKENS, target.concurrency * target.context)}
     if reported is not None:
         # What llama-server allocated for its own slots and context, against the same arithmetic.
-        planned = kv_cells(reported_slots * reported.max_model_len) * spec.kv_bytes_per_token
+        # llama-server logs the cells exactly and the bytes in MiB with two decimals (0.005 MiB of rounding).
+        planned_cells = kv_cells(reported_slots * reported.max_model_len)
+        planned = planned_cells * spec.kv_bytes_per_token
         logged = reported.kv_cache_bytes or 0
-        error = abs(planned - logged) / max(logged, 1)
-        checks.append(Check("kv_pool_relative_error", round(error, 6), "<=", KV_TOLERANCE, error <= KV_TOLERANCE,
-                            f"the plan's KV pool {planned:,} B is {error:.1%} off what llama-server allocated "
-                            f"({reported.log_line})"))
+        error = abs(planned_cells - reported.kv_cache_tokens) / max(reported.kv_cache_tokens, 1)
+        off_mib = abs(planned - logged) / MIB
+        allowed_mib = LOG_ROUNDING_MIB + KV_TOLERANCE * planned / MIB
+        checks.append(Check("kv_cells_relative_error", round(error, 6), "<=", KV_TOLERANCE, error <= KV_TOLERANCE,
+                            f"the plan's KV pool of {planned_cells:,} cells is {error:.1%} off what llama-server "
+                            f"allocated ({reported.log_line})"))
+        checks.append(Check("kv_pool_error_mib", round(off_mib, 6), "<=", round(allowed_mib, 6),
+                            off_mib <= allowed_mib,
+                            f"the plan's KV pool of {planned:,} B is {off_mib:.3f} MiB off what llama-server "
+                            f"allocated ({reported.log_line})"))
         details["measured"] = {"kv_cache_tokens": reported.kv_cache_tokens, "kv_cache_bytes": logged,
+                               "planned_kv_cells": planned_cells,
                                "planned_kv_bytes": planned, "slots": reported_slots,
                                "context": reported.max_model_len, "log_line": reported.log_line,
                                "relative_error": error, "resident_bytes": reported.resident_bytes,
