@@ -19,6 +19,7 @@ from pydantic import Field
 
 from release.backends import get_backend
 from release.backends.planning import EnginePlan, Target
+from release.backends.shape import shape_from_config
 from release.config import ServingConfig
 from release.core.units import size
 from release.stages.base import Stage, StageInputs, StageResult, location
@@ -33,7 +34,7 @@ def memory_settings(serving: ServingConfig) -> dict[str, Any]:
 def estimate(plan: EnginePlan, serving: ServingConfig) -> dict[str, Any]:
     """The plan's figures as the release report and the version's `memory.*` numbers name them."""
     return {"engine": plan.engine, "fits": plan.fits, "summary": plan.summary, "concurrency": serving.concurrency,
-            "context_tokens": serving.context_tokens, "rollout_replicas": serving.rollout_replicas,
+            "context_tokens": plan.target.context, "rollout_replicas": serving.rollout_replicas,
             "peak_bytes": plan.peak_bytes, "capacity_bytes": plan.capacity_bytes,
             "headroom_bytes": plan.headroom_bytes, "per_replica_bytes": plan.per_replica_bytes,
             "weights_bytes": plan.weights_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
@@ -63,8 +64,13 @@ class MemoryStage(Stage[MemoryInputs, MemoryResult]):
         serving = ServingConfig.model_validate(self.inputs.settings)
         backend = get_backend(self.inputs.backend)
         facts = backend.memory_facts(self.inputs.runtime_dir, None)
+        # A serving.context_tokens the file sets beyond the model's maximum was refused by `relctl check` and
+        # promote's first step (release/pipeline/contexts.py); one beyond it here is the default (512), a
+        # planning figure nobody chose: plan what the model can hold instead of refusing every short model.
+        longest = shape_from_config(json.loads(self.inputs.config_path.read_text())).max_positions
         target = Target(memory_gib=serving.gpu_memory_gib, concurrency=serving.concurrency,
-                        context=serving.context_tokens, provider="cuda" if facts.provider == "cuda" else "cpu",
+                        context=min(serving.context_tokens, longest),
+                        provider="cuda" if facts.provider == "cuda" else "cpu",
                         headroom=0.0, rollout_overlap=serving.rollout_replicas > 1 and backend.rollout_shares_devices)
         with tempfile.TemporaryDirectory(prefix="relctl-memory-") as tmp:
             # The build seen as a package (model/ beside source/config.json), which is what a plan reads.
