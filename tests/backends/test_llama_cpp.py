@@ -349,14 +349,18 @@ def test_render_kserve_of_the_llama_cpp_release_runs_llama_server(released: dict
     assert engine["image"] == IMAGE and "command" not in engine   # the image's entrypoint: llama-server
     args = engine["args"]
     assert args[args.index("--model") + 1] == "/mnt/models/package/model/model.gguf"
-    assert args[args.index("--parallel") + 1] == "4" and args[args.index("--ctx-size") + 1] == "512"
     assert "--kv-unified" in args and args[args.index("--cache-ram") + 1] == "0"
     assert manifest["metadata"]["annotations"]["relctl/backend"] == "llama-cpp"
     assert "nvidia.com/gpu" not in engine["resources"]["limits"]
     registry = Registry(resolve_store(released["project"]))
     recorded, _ = registry.recorded_numbers(registry.get_version(MODEL, "1"))
-    per_replica = recorded.get("memory.per_replica_bytes")
-    assert per_replica and recorded.get("memory.concurrency") == 4, recorded
+    # Promote's memory stage planned serving.concurrency sequences at the model's 128 positions (the default
+    # context 512 is beyond it): the pool rounded to 256 cells is what llama-server is started with.
+    slots, cells = recorded["memory.concurrency"], recorded["memory.kv_capacity_tokens"]
+    assert recorded["memory.context_tokens"] == 128 and cells == -(-slots * 128 // 256) * 256, recorded
+    assert args[args.index("--parallel") + 1] == str(int(slots))
+    assert args[args.index("--ctx-size") + 1] == str(int(cells))
+    per_replica = recorded["memory.per_replica_bytes"]
     limit = engine["resources"]["limits"]["memory"]
     assert limit.endswith("Mi") and int(limit[:-2]) * 2**20 >= per_replica
     pull = predictor["initContainers"][0]
