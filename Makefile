@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install vllm-env browser tools postgres test test-scale demo demo-ui lint typecheck bench clean
+.PHONY: install vllm-env llama-cpp-env browser tools postgres test test-scale demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
+# The llama-cpp backend's tools (llama-server, llama-quantize, the GGUF converter): built once per machine from
+# llama-cpp-python's sdist (the registry has no wheel; it vendors llama.cpp) into ~/.cache/relctl/llama.cpp-0.3.36
+# (RELCTL_LLAMA_CPP_HOME), outside the checkout, so CI on the same machine reuses it; a second run does nothing.
+llama-cpp-env: install
+	$(BIN)/python -m release.backends.llama_cpp.build
+
 # The registry-UI test renders MLflow's UI in headless Chromium (Debian package).
 browser:
 	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
@@ -63,7 +69,7 @@ postgres:
 # Lint and types first (seconds), so pytest's summary is the last line CI reads.
 # Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly --randomly-seed=N`
 # replays it), so no test depends on another having run first.
-test: install vllm-env browser tools postgres lint
+test: install vllm-env llama-cpp-env browser tools postgres lint
 	$(BIN)/pytest -q
 
 # Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).

@@ -29,7 +29,8 @@ __all__ = ["AUTO", "Backend", "Support", "available_backends", "backend_for_fold
 
 @functools.cache
 def _discovered() -> tuple[dict[str, Backend], dict[str, str]]:
-    """(backends by id, in entry-point order; why each broken plug-in failed to load). Cached: entry points do
+    """(backends by id, in declared preference order (`Backend.preference`, then id); why each broken plug-in
+    failed to load). Cached: entry points do
     not change in a process. A plug-in that fails to import does not take the working ones down with it:
     serving an onnxruntime-genai package must not depend on a third-party engine package importing."""
     found: dict[str, Backend] = {}
@@ -43,11 +44,12 @@ def _discovered() -> tuple[dict[str, Backend], dict[str, str]]:
             broken[name] = exc.reason
         except Exception as exc:  # its constructor failed: the plug-in's bug, not relctl's
             broken[name] = f"backend plug-in '{ep.value}' failed to load: {type(exc).__name__}: {exc}"
-    return found, broken
+    ordered = dict(sorted(found.items(), key=lambda item: (item[1].preference, item[0])))
+    return ordered, broken
 
 
 def available_backends() -> dict[str, Backend]:
-    """Every installed backend that loads, by id, in entry-point order."""
+    """Every installed backend that loads, by id, in preference order (what `auto` tries first)."""
     return _discovered()[0]
 
 
@@ -120,8 +122,9 @@ def family_of(config: dict[str, Any]) -> str:
 def choose_backend(config: dict[str, Any], requested: str, precision: str, execution_provider: str) -> Backend:
     """The backend that will build and serve this checkpoint at `precision` on `execution_provider`.
 
-    `requested` is a backend id or "auto" (the first installed backend that supports the family and the
-    target). Refusals are InputErrors naming the family and what each installed backend supports.
+    `requested` is a backend id or "auto" (the most preferred installed backend, `Backend.preference`, that
+    supports the family and the target). Refusals are InputErrors naming the family and what each installed
+    backend supports.
     """
     candidates = list(available_backends().values()) if requested == AUTO else [get_backend(requested)]
     reasons: list[str] = []

@@ -242,7 +242,8 @@ class Deploy:
     image: str                       # the serving image the manifest runs
     dockerfile: str                  # the template it is built from (release/templates/)
     requirements: tuple[str, ...]    # what that image installs beside relctl
-    kserve_template: str = "kserve-inferenceservice.yaml"  # its InferenceService (relctl init, render kserve)
+    kserve_template: str = "kserve-inferenceservice.yaml"  # its InferenceService (relctl init, render kserve):
+                                     # a file of release/templates/, or a plug-in's own by absolute path
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ class Deployment:
     the package's own small config files (`deploy_files`) and the memory figures its release recorded."""
 
     validated_device: str                # the device it was built and validated for: "cpu", "cuda", "unknown"
-    template: str                        # the InferenceService template (release/templates/)
+    template: str                        # the InferenceService template (release/templates/, or an absolute path)
     runs_on: tuple[str, ...] = ("cpu", "cuda")  # devices it can run on at all (validated or not)
     own_engine: bool = False             # the engine's own image runs the container (not relctl serve's)
     engine_image: str | None = None      # that image's default for this device (None: the user names one)
@@ -285,6 +286,10 @@ class Backend(ABC):
 
     id: ClassVar[str]
     display_name: ClassVar[str] = ""   # what a model card calls its packages (default: the id)
+    # Where `convert.backend: auto` tries this backend among those that take a checkpoint: lower first, ties
+    # by id. Declared, not the entry points' order (setuptools writes those by name, so a new plug-in would
+    # otherwise jump ahead of the built-ins by spelling). Built-ins: onnxruntime-genai 10, vllm 20, llama-cpp 30.
+    preference: ClassVar[int] = 100
     # The distribution whose version is recorded in a package's manifest (what built and serves it).
     distribution: ClassVar[str]
     precisions: ClassVar[tuple[str, ...]]

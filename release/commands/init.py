@@ -95,7 +95,7 @@ def init_project(target: Path, force: bool = False, source: str | None = None) -
     if own is not None:
         # A project whose release.yaml already chose an engine with its own InferenceService gets that
         # template, and keeps that release.yaml.
-        texts[f"deploy/{own}"] = template_text(own)
+        texts[f"deploy/{Path(own).name}"] = template_text(own)  # a plug-in's own template is a path
         del texts["release.yaml"]
     existing = [rel for rel in texts if (target / rel).exists()]
     if existing and not force:

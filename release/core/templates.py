@@ -15,7 +15,8 @@ def templates_dir() -> Path:
 
 
 def template_text(name: str) -> str:
-    """The text of one template file shipped with relctl."""
+    """The text of one template file shipped with relctl, or of a backend plug-in's own template, which it
+    names by absolute path (package data of its own package: `Deploy.kserve_template`, `Deployment.template`)."""
     path = templates_dir() / name
     if not path.is_file():
         raise InputError(f"template '{name}' is missing from this relctl installation",

@@ -53,6 +53,7 @@ SERVE_PROCESS_BYTES = 1 * GIB
 
 class OnnxruntimeGenaiBackend(Backend):
     id = "onnxruntime-genai"
+    preference = 10  # auto tries it first: the built-in every example and test was released through
     display_name = "ONNX"
     distribution = "onnxruntime-genai"
     precisions = ("fp32", "fp16", "int8", "int4")

