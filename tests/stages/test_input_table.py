@@ -96,7 +96,7 @@ CASES: dict[str, Case] = {
     "rms_norm_eps as a list": Case("'rms_norm_eps' is [1e-05], not a positive number",
                                    checkpoint=lambda f: _edit_json(f / "config.json", rms_norm_eps=[1e-5])),
     "tokenizer.json of random bytes": Case(
-        "tokenizer.json: not a tokenizer", checkpoint=lambda f: (f / "tokenizer.json").write_bytes(
+        "tokenizer.json: not UTF-8 text", checkpoint=lambda f: (f / "tokenizer.json").write_bytes(
             bytes(range(256)) * 64)),
     "overlapping safetensors tensors": Case("overlaps the tensor before it",
                                             checkpoint=lambda f: _overlap(f / "model.safetensors")),
