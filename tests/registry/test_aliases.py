@@ -20,6 +20,8 @@ from release.core.package import MANIFEST, build_package
 from release.registry import Registry, links
 from release.registry import tags as T
 from release.registry.store import connect, ensure_experiment, resolve_store
+from release.signing.keys import project_signing_key
+from release.signing.package import sign_package
 from release.stages.register import promote_version
 
 MODEL = "demo-model"
@@ -41,6 +43,11 @@ def _register(project_dir: Path, tmp: Path, n: int, precision: str = "fp32") -> 
     registry = Registry(store)
     mlflow.set_experiment(experiment_id=ensure_experiment(store, "releases"))
     with mlflow.start_run() as run:
+        # Signed as promote signs (the project's release key, from the session's keys): serve and rollback
+        # verify every version, and the provenance binds it to this release run.
+        key = project_signing_key(project_dir)
+        if key is not None:
+            sign_package(package.root, key, {"model": MODEL, "release_run": run.info.run_id})
         mlflow.log_artifacts(str(package.root), "package")
     registry.ensure_model(MODEL, "test")
     # The package is found as `package/` of the release run the version names.
