@@ -9,8 +9,9 @@ found by name, in release.yaml's own sections and in every configured gate's blo
 - a whole sequence (`context`, `context_tokens`): at most the model's maximum;
 - a part of one (`prefill_tokens`, `output_tokens`, `max_new_tokens`): below it, leaving room for the rest.
 
-In release.yaml's own sections only values the file sets are checked (a default such as
-serving.context_tokens: 512 is a planning figure the user never chose); in a configured gate every value
+In release.yaml's own sections only values the file sets to something other than the default are checked
+(a default such as serving.context_tokens: 512, which `relctl init`'s template writes out, is a planning figure
+the user never chose; the memory stage plans at the model's maximum instead); in a configured gate every value
 is in effect, defaults included, because the gate runs with them.
 """
 
@@ -76,4 +77,6 @@ def _contexts(model: BaseModel, prefix: str, explicit_only: bool) -> Iterator[tu
                     yield from _contexts(item, f"{path}[{i}].", explicit_only)
         elif (name in SEQUENCE_FIELDS or name in PART_FIELDS) and isinstance(value, int) \
                 and not isinstance(value, bool):
+            if explicit_only and value == type(model).model_fields[name].default:
+                continue  # the default written out (relctl init's template writes every field): nobody chose it
             yield path, name, value

@@ -327,7 +327,7 @@ def test_promote_releases_through_llama_cpp_with_validation_and_gates(released: 
     assert memory["details"]["engine"] == "llama-cpp", memory
     assert memory["metrics"]["kv_capacity_tokens"] == 512 and memory["metrics"]["kv_cells_relative_error"] == 0
     registry = Registry(resolve_store(released["project"]))
-    package = fetch_package(registry, MODEL, "1", tmp_path, trust=Trust())  # no trusted keys: digests only
+    package = fetch_package(registry, MODEL, "1", tmp_path, trust=Trust(off=True))  # no trusted keys: digests only
     assert package.backend_id == "llama-cpp"
     assert "model/model.gguf" in package.data["files"]
     model_files = [name for name in package.data["files"] if name.startswith("model/")]

@@ -122,6 +122,9 @@ def test_serves_a_version_by_alias_and_refuses_a_tampered_package(tiny_package: 
     from release.registry.store import connect, ensure_experiment, resolve_store
 
     project = tmp_path / "project"
+    project.mkdir()
+    # About resolving and the registry digest, not signatures (tests/signing): an unsigned package, said so.
+    (project / "release.yaml").write_text("signing: off\n")
     store = resolve_store(project, environ={})
     connect(store)
     client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
