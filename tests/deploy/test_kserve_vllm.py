@@ -117,15 +117,19 @@ def test_the_init_container_verifies_the_package_before_vllm_starts(project: Pro
     assert (tmp_path / "mnt" / "package" / MANIFEST).is_file()
     # A weights file changed in the artifact store (with write access to it, not to the registry's tags):
     # the init container fails, so vLLM never starts, and nothing is left on the volume.
-    stored = next(p for p in project.root.rglob("model.safetensors")
-                  if json.loads((p.parent / "config.json").read_text()).get("dtype") == "float32"
-                  and "package" in p.parts)
-    original = stored.read_bytes()
+    # The registry stores the weights once (in the MLflow model, release/registry/package_links.py): the
+    # stored copy is the one file under the project with the served bytes.
+    served = (model_dir / "model.safetensors").read_bytes()
+    stored = [p for p in project.root.rglob("model.safetensors")
+              if ".relctl/work" not in p.as_posix() and p.stat().st_size == len(served) and p.read_bytes() == served]
+    assert stored, "the served weights are stored nowhere under the project"
     try:
-        stored.write_bytes(original + b"\0")
+        for path in stored:
+            path.write_bytes(served + b"\0")
         again = run_init_container(project, manifest, tmp_path / "mnt2", monkeypatch)
     finally:
-        stored.write_bytes(original)
+        for path in stored:
+            path.write_bytes(served)
     assert again.exit_code == 2, again.output
     assert "model/model.safetensors" in again.stderr.splitlines()[0]
     assert not (tmp_path / "mnt2" / "package").exists()
