@@ -138,6 +138,8 @@ WORK_TO_PIPELINE_TODAY = {
     "release/gating/run.py": ("release.pipeline.progress", "release.pipeline.versions"),
     "release/deploy/oci.py": ("release.pipeline.versions",),
     "release/deploy/facts.py": ("release.pipeline.versions",),
+    # render's pinning verifies the version it pins with the same one check (signing, issue 31): same move.
+    "release/deploy/pinning.py": ("release.pipeline.versions",),
 }
 
 
