@@ -122,9 +122,13 @@ def verify_approval(statement: str, signature: str, trust: Trust) -> str:
 
 
 def parse_statement(statement: str) -> dict[str, Any]:
+    """The approval statement a tag holds, through the one bounded loader; anything else is no statement
+    (so no approval), never a crash."""
+    from release.core.jsonfile import parse_json  # noqa: PLC0415
+
     try:
-        data = json.loads(statement)
-    except ValueError:
+        data = parse_json(statement, "approval statement", "approve the version again with relctl approve")
+    except InputError:
         return {}
     return data if isinstance(data, dict) else {}
 

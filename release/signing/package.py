@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from release.core.errors import InputError
+from release.core.jsonfile import load_json
 from release.core.package import MANIFEST, PROVENANCE, SIGNATURE
 from release.signing.keys import KEYGEN, TRUSTED_ENV, SigningKey, Trust
 
@@ -67,9 +68,9 @@ def sign_package(root: Path, key: SigningKey, provenance: dict[str, Any]) -> Non
 def signer_of(root: Path) -> str | None:
     """The fingerprint of the key a package's signature names (model-signing's public key hint)."""
     try:
-        bundle = json.loads((root / SIGNATURE).read_text())
+        bundle = load_json(root / SIGNATURE, "re-sign the package")  # the one bounded loader
         hint = bundle["verificationMaterial"]["publicKey"]["hint"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, InputError, KeyError, TypeError):
         return None
     return str(hint) if hint else None
 
@@ -141,8 +142,8 @@ def _changed_file(message: str) -> str:
 
 def _provenance(root: Path) -> dict[str, Any]:
     try:
-        data = json.loads((root / PROVENANCE).read_text())
-    except (OSError, ValueError):
+        data = load_json(root / PROVENANCE, "re-sign the package")  # the one bounded loader
+    except (OSError, InputError):
         return {}
     return data if isinstance(data, dict) else {}
 
