@@ -40,7 +40,7 @@ def seven_b_package(root: Path) -> Path:
     save(helper.make_model(graph), str(root / "model" / "model.onnx"))
     with (root / "model" / "model.onnx.data").open("wb") as f:
         f.truncate(size)
-    (root / "relctl-package.json").write_text(json.dumps({"precision": "fp16"}))
+    (root / "relctl-package.json").write_text(json.dumps({"precision": "fp16", "files": {}}))
     return root
 
 

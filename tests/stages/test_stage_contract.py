@@ -39,7 +39,11 @@ def runtime_folder(tmp: Path, n: int) -> tuple[Path, Path]:
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], f"g{n}", [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(runtime / "model.onnx"))
     (runtime / "genai_config.json").write_text(json.dumps({"model": {"type": "llama", "n": n}}))
-    (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    # A whole config.json: the package subcommand runs promote's intake checks on its source folder.
+    (source / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 400,
+        "max_position_embeddings": 128}))
     return runtime, source
 
 
