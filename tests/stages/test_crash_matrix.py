@@ -82,9 +82,9 @@ def test_killed_anywhere_the_re_run_finishes_with_exactly_one_version(tmp_path: 
     assert result.exit_code == 0, result.output + result.stderr
     report = json.loads(result.stdout)
     # Every stage had finished in some killed attempt: resumed (and re-verified by checksum), not rebuilt.
-    # The package stage is the exception: register signs the package folder in place (the signature and
-    # provenance are added to it), so after the kill inside register its re-hash no longer matches and it is
-    # rebuilt (links and a manifest, seconds) and signed again, never reused unverified.
+    # The package stage is the exception since signing by default landed: after the kill inside register its
+    # output is rebuilt (links and a manifest, seconds) rather than reused. Its output is re-verified and the
+    # result is the same one version; why the re-hash differs is not yet traced (closing note, issue 31).
     assert {name: s["resumed"] for name, s in report["stages"].items()} == {
         name: True for name in ("intake", "merge", "reference", "convert", "validate", "memory")
     } | {"package": False, "register": False}
