@@ -22,7 +22,8 @@ import numpy as np
 
 from release.backends.base import Generation
 from release.backends.llama_cpp.gguf_facts import GGUF_FILE, GgufFacts, read_gguf
-from release.backends.llama_cpp.server import ServerProcess, free_port, log_path
+from release.backends.llama_cpp.server import ServerProcess, log_path
+from release.backends.processes import free_port
 
 if TYPE_CHECKING:
     from release.backends.llama_cpp import LlamaCppBackend

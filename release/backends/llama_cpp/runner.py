@@ -20,7 +20,8 @@ import httpx
 
 from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.llama_cpp.gguf_facts import GGUF_FILE, GgufFacts, read_gguf
-from release.backends.llama_cpp.server import ServerProcess, free_port, log_path
+from release.backends.llama_cpp.server import ServerProcess, log_path
+from release.backends.processes import free_port
 
 if TYPE_CHECKING:
     from release.backends.llama_cpp import LlamaCppBackend

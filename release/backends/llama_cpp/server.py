@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from release.backends.base import ServerCommand
+from release.backends.processes import engine_log_path
 from release.core.errors import StageFailed
 from release.core.subprocs import start_child, stop_child
 
@@ -43,17 +42,8 @@ def server_argv(server: Path, gguf: Path, served_name: str, host: str, port: int
 
 
 def log_path(label: str, port: int) -> Path:
-    """Where the server's output goes: never inside a package (verify refuses files added to one)."""
-    folder = Path(tempfile.gettempdir()) / f"relctl-llama-cpp-{os.getuid()}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{label}-{os.getpid()}-{port}.log"
+    return engine_log_path("llama-cpp", label, port)
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ServerProcess:

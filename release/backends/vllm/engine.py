@@ -11,15 +11,14 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from release.backends.base import ServerCommand
+from release.backends.processes import engine_log_path
 from release.core.errors import ConfigError, InputError, StageFailed
 from release.core.subprocs import start_child, stop_child
 
@@ -108,17 +107,8 @@ def kv_cache_report(log: Path) -> tuple[int, float, int, str] | None:
 
 
 def log_path(label: str, port: int) -> Path:
-    """Where an engine's output goes: never inside a package (verify refuses files added to one)."""
-    folder = Path(tempfile.gettempdir()) / f"relctl-vllm-{os.getuid()}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{label}-{os.getpid()}-{port}.log"
+    return engine_log_path("vllm", label, port)
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class EngineProcess:

@@ -25,7 +25,8 @@ import httpx
 import numpy as np
 
 from release.backends.folder_facts import FolderFacts, model_facts
-from release.backends.vllm.engine import EngineProcess, free_port, log_path
+from release.backends.processes import free_port
+from release.backends.vllm.engine import EngineProcess, log_path
 from release.core.tokenizer_file import load_tokenizer
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ import httpx
 
 from release.backends.folder_facts import model_facts
 from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
-from release.backends.vllm.engine import EngineProcess, free_port, log_path
+from release.backends.processes import free_port
+from release.backends.vllm.engine import EngineProcess, log_path
 from release.core.jsonfile import load_json_object, optional
 from release.core.tokenizer_file import load_tokenizer
 
