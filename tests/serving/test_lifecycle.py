@@ -80,7 +80,7 @@ def test_request_log_redacts_and_is_off_by_default(tiny_package: Path, tmp_path:
                                  request_log={"enabled": True, "content": "redact", "directory": str(logs)})
     with ServerProcess(str(tiny_package), tmp_path / "srv", config=config) as proc:
         prompt = "mail jane.doe@example.com, call +1 555 010 9999, key sk-live_abcdefghijklmnopqrstu"
-        assert httpx.post(f"{proc.url}/v1/completions", json={"prompt": prompt, "max_tokens": 3},
+        assert httpx.post(f"{proc.url}/v1/completions", json={"prompt": prompt, "max_tokens": 3, "ignore_eos": True},
                           timeout=30).status_code == 200
     (day,) = logs.glob("requests-*.jsonl")
     line = json.loads(day.read_text().splitlines()[0])
