@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionR
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
+from gates.precision_eval import PairedJudge, margins_of
 from gates.thresholds import MetricThreshold, check_metric
 from release.backends.base import LoadedModel
 from release.core.errors import ConfigError, InputError
@@ -85,6 +87,19 @@ class EvalGate:
                                     "bound at least one metric, e.g. thresholds: {exact_match: {threshold: 0.8}}, "
                                     "or remove the gates.eval block"))
         return problems
+
+    def paired_judge(self, context: GateContext, reference: Callable[[], LoadedModel]) -> PairedJudge:
+        """`precision: auto`'s paired eval of each variant against `reference` on this gate's rows, per sample,
+        at gates.eval.margins (gates/precision_eval.py)."""
+        path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset
+        if path is None:
+            raise InputError("precision: auto: the paired eval needs an eval set",
+                             hint="set gates.eval.dataset or log data/eval.jsonl with the run")
+        margins = margins_of(self.config)
+        needs = _needs_logits(resolve_metrics(list(margins)))
+        return PairedJudge(load_eval_set(path, self.config.expectations).rows, margins,
+                           lambda model, rows: score_rows(model, rows, self.config, needs), reference,
+                           confidence=float(getattr(self.config, "confidence", 0.95)))
 
     def run(self, context: GateContext) -> GateResult:
         path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset

@@ -40,7 +40,8 @@ class ConvertConfig(Strict):
     # Precisions, backends and providers are whatever the installed backends offer (release/backends/):
     # checked here, at config time, against them, so there is one source for each choice. Besides these
     # fields, `convert.<backend id>` is that backend's own block, checked against its `settings_model`.
-    precision: str = Field("int4", description="serving precision, one an installed backend builds (relctl backends)")
+    precision: str = Field("int4", description="serving precision, one an installed backend builds (relctl backends), "
+                                               "or auto: the cheapest variant that passes (docs/precision-auto.md)")
     backend: str = Field("auto", description="serving engine: auto (the first installed backend that supports the "
                                              "checkpoint's family) or a backend id (relctl backends)")
     execution_provider: str = Field("cpu", description="the device the model is built for (cpu, cuda, ...)")
@@ -82,9 +83,7 @@ class ConvertConfig(Strict):
     @field_validator("precision")
     @classmethod
     def _known_precision(cls, value: str) -> str:
-        from release.backends import installed_precisions  # noqa: PLC0415 - entry points, only when validated
-
-        return _one_of("precision", value, installed_precisions())
+        return _known_or_auto(value)
 
     @field_validator("backend")
     @classmethod
@@ -102,6 +101,19 @@ class ConvertConfig(Strict):
 
         providers = [p for b in available_backends().values() for p in b.execution_providers]
         return _one_of("execution provider", value, list(dict.fromkeys(providers)))
+
+
+def _known_or_auto(value: str) -> str:
+    """A precision an installed backend builds, a variant of one (`int4+algo=k_quant`: its options are checked
+    by the backend's target_problem with the rest of the contract), or `auto`: the cheapest variant that passes
+    (release/pipeline/precision_search.py)."""
+    from release.backends import installed_precisions  # noqa: PLC0415 - entry points, only when validated
+    from release.backends.variants import AUTO_PRECISION, base_precision  # noqa: PLC0415
+
+    if value == AUTO_PRECISION:
+        return value
+    _one_of("precision", base_precision(value), [*installed_precisions(), AUTO_PRECISION])
+    return value
 
 
 def _one_of(what: str, value: str, choices: list[str]) -> str:
@@ -152,7 +164,7 @@ class EngineConfig(Strict):
     """One entry of `engines:`: an engine and precision the release is measured on beside the others."""
 
     backend: str = Field(description="a backend id (relctl backends lists them)")
-    precision: str = Field(description="a precision that backend builds")
+    precision: str = Field(description="a precision that backend builds, or auto: each variant it builds")
     gpu_price_per_hour: float | None = Field(
         None, gt=0, description="this engine's accelerator price per hour; default gates.load.cost's")
 
@@ -166,9 +178,7 @@ class EngineConfig(Strict):
     @field_validator("precision")
     @classmethod
     def _known_precision(cls, value: str) -> str:
-        from release.backends import installed_precisions  # noqa: PLC0415 - as above
-
-        return _one_of("precision", value, installed_precisions())
+        return _known_or_auto(value)
 
 
 class ReleaseConfig(Strict):

@@ -325,6 +325,13 @@ class Backend(ABC):
         """The precisions this backend builds for `execution_provider` (what `relctl backends` lists)."""
         return tuple(p for p in self.precisions if self.target_problem(p, execution_provider, check_env=False) is None)
 
+    def precision_variants(self, config: dict[str, Any], execution_provider: str) -> list[str]:
+        """What `precision: auto` builds for this checkpoint here: each precision this device builds (widest
+        first, as listed), plus any build option variants the backend offers (release/backends/variants.py).
+        Default: the plain precisions."""
+        return [p for p in self.precisions_for(execution_provider)
+                if self.device_problem(config, p, execution_provider) is None]
+
     def device_problem(self, config: dict[str, Any], precision: str, execution_provider: str) -> str | None:
         """Why this checkpoint cannot be served at `precision` on `execution_provider` although the family is
         supported (a device-specific rule such as an attention kernel's head sizes), or None."""

@@ -32,6 +32,7 @@ from release.gating.contract import Gate, Problem, missing_file, preflight
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
+from release.pipeline.precision_search import checked_config, search_problems
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import RunRecord
@@ -124,6 +125,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
     if "config.json" in files:
         try:
             config = read_run_config(registry, run_id, ckpt)
+            report.problems += search_problems(cfg, gates)  # precision: auto needs margins and a price
+            cfg = checked_config(cfg, config)  # precision: auto: its widest build and every variant
             report.backend = choose_backend(config, cfg.convert.backend, cfg.convert.precision,
                                             cfg.convert.execution_provider)
             report.engine_why = engine_reason(config, cfg, report.backend)

@@ -27,6 +27,7 @@ from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.units import size
 from release.gating.contract import Gate, GateContext, GateResult, Problem
 from release.gating.plugins import run_gate
+from release.pipeline.frontier import frontier_section
 from release.pipeline.progress import Progress
 
 LOAD_GATE = "load"
@@ -368,7 +369,8 @@ def engines_section(data: dict[str, Any] | None, heading: str = "## Engines side
     plan = (f"Same validation prompts and the same seeded load plan on every engine ({traffic.get('arrival')} "
             f"arrivals, {traffic.get('requests')} requests from {_num(traffic.get('rate'))} req/s, seed "
             f"{traffic.get('seed')}{swept}); latency and cost at the rate the load gate judged.")
-    return [heading, plan, "", *engines_table(data), "", *(f"- {line}" for line in data.get("why", [])), ""]
+    return [heading, plan, "", *engines_table(data), "", *(f"- {line}" for line in data.get("why", [])), "",
+            *frontier_section(data.get("precision_search"))]
 
 
 def _entry(entry: EngineConfig) -> str:

@@ -34,13 +34,13 @@ from release.pipeline.contract import ContractReport, require_contract
 from release.pipeline.engines import (
     Comparison,
     EngineBuild,
-    compare_engines,
     decide,
     engines_section,
     load_gate,
 )
 from release.pipeline.failure import Terminated, classify
 from release.pipeline.lineage import repo_state
+from release.pipeline.precision_search import measure, searches
 from release.pipeline.progress import Progress
 from release.pipeline.report import (
     COMPARED,
@@ -194,7 +194,7 @@ class Promotion:
         report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
         self._check_precision_range(intake.result)
         checkpoint, upstream = self._merge(pipe, intake)
-        if self.cfg.engines:  # engines side by side; with convert.backend: auto the table picks the engine
+        if self.cfg.engines or searches(self.cfg):  # engines side by side (precision: auto: each variant)
             backend = self._engines(pipe, intake, checkpoint, upstream, name, report, gates, backend)
         reference, candidate = self._convert(pipe, intake, checkpoint, upstream, backend)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
@@ -286,7 +286,10 @@ class Promotion:
             return GateContext(model_name=name, package_dir=package_dir, work_dir=work, production=None,
                                config_dir=self._repo_anchor())
 
-        comparison = compare_engines(self.cfg, gates, build, context, self.progress)
+        eval_data = intake.path(intake.result.eval_data) if intake.result.eval_data else None
+        judging = GateContext(model_name=name, package_dir=checkpoint, work_dir=intake.dir.parent / "precision",
+                              production=None, eval_dataset=eval_data, config_dir=self._repo_anchor())
+        comparison = measure(self.cfg, gates, build, context, self.progress, checkpoint, judging)
         try:
             chosen = decide(comparison, self.cfg)
         except Blocked as exc:

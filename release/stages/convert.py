@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import Field, PrivateAttr
 
 from release.backends import AUTO, Backend, choose_backend, get_backend
+from release.backends.variants import base_precision
 from release.core.checkpoint import has_adapter, read_config, refuse_pickles, weight_files
 from release.core.errors import InputError
 from release.stages.base import Stage, StageInputs, StageResult, location, output_folder
@@ -66,7 +67,7 @@ def convert(model_dir: Path, out_dir: Path, precision: str, backend: str = AUTO,
     elapsed = time.perf_counter() - started
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    outputs = ConvertOutputs(model=out_dir.name, precision=precision, backend=chosen.id,
+    outputs = ConvertOutputs(model=out_dir.name, precision=base_precision(precision), backend=chosen.id,
                              execution_provider=execution_provider, versions=result.versions, files=list_files(out_dir),
                              tokenizer_parity=result.tokenizer_parity, notes=result.notes, wall_time_s=elapsed)
     outputs._out_dir = out_dir
@@ -128,7 +129,7 @@ class ConvertStage(Stage[ConvertInputs, ConvertOutputs]):
     def summary(self, result: ConvertOutputs) -> str:
         if self.label == "reference":
             return f"fp32 reference via {result.backend}"
-        return f"{result.precision} via {result.backend}"
+        return f"{self.inputs.precision} via {result.backend}"
 
 
 def backend_of(result: ConvertOutputs) -> Backend:

@@ -29,6 +29,7 @@ from release.backends.base import (
 )
 from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
 from release.backends.planning import GIB, EnginePlan, Target, check_context
+from release.backends.variants import parse_variant
 from release.core.errors import InputError
 from release.core.units import size
 
@@ -82,12 +83,24 @@ class OnnxruntimeGenaiBackend(Backend):
         return (model_dir / MODEL_FILE).is_file()
 
     def target_problem(self, precision: str, execution_provider: str, check_env: bool = True) -> str | None:
-        problem = super().target_problem(precision, execution_provider)
-        if problem is None and (precision, execution_provider) not in GENAI_COMBINATIONS:
-            return (f"{precision} on execution provider '{execution_provider}' is not a combination its builder "
-                    "supports (fp16 is a GPU precision: set convert.execution_provider to cuda, or pick "
+        from release.backends.onnxruntime_genai.quantizers import installed_options, variant_problem  # noqa: PLC0415
+
+        variant = parse_variant(precision)
+        problem = super().target_problem(variant.precision, execution_provider)
+        if problem is None and (variant.precision, execution_provider) not in GENAI_COMBINATIONS:
+            return (f"{variant.precision} on execution provider '{execution_provider}' is not a combination its "
+                    "builder supports (fp16 is a GPU precision: set convert.execution_provider to cuda, or pick "
                     "fp32/int8/int4 for cpu)")
-        return problem
+        return problem or variant_problem(variant, installed_options())
+
+    def precision_variants(self, config: dict[str, Any], execution_provider: str) -> list[str]:
+        """Every precision this device builds (fp16 only on a GPU: the builder's fp16 CPU graph crashes), and
+        at int4 each quantizer method and int8 placement the installed builder lists (quantizers.py)."""
+        from release.backends.onnxruntime_genai.quantizers import installed_options  # noqa: PLC0415
+
+        plain = [p for p in super().precision_variants(config, execution_provider)]
+        extra = [v.name for v in installed_options().int4_variants()] if "int4" in plain else []
+        return [*plain, *extra]
 
     def export(self, checkpoint: Path, out: Path, precision: str, execution_provider: str,
                log_path: Path) -> ExportResult:

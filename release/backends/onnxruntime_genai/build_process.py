@@ -262,7 +262,43 @@ def release_after_read(graph: Any) -> int:
     return wrapped
 
 
-def install() -> None:
+def place_int8(model: Any, int8_units: tuple[str, ...], int4_only_units: tuple[str, ...]) -> int:
+    """Put MatMuls at int8 in an int4 build through the builder's own per-node bit table (the one its
+    `matmul_mixed_precision` fills): those under `int8_units` (node-name prefixes such as /model/layers.1/),
+    or every one NOT under `int4_only_units` (one unit alone at int4: precision: auto's per-layer
+    sensitivity). Returns how many nodes were placed; the builder's to_nbits then quantizes them at 8 bits."""
+    if not int8_units and not int4_only_units:
+        return 0
+    table = dict(getattr(model, "int4_customized_weight_config", None) or {})
+    placed = 0
+    for node in model.model.graph:
+        if node.op_type != "MatMul" or not node.name:
+            continue
+        inside = any(node.name.startswith(p) for p in int8_units) or (
+            bool(int4_only_units) and not any(node.name.startswith(p) for p in int4_only_units))
+        if inside:
+            table[node.name] = {"bits": 8}
+            placed += 1
+    model.int4_customized_weight_config = table
+    print(f"relctl: {placed} MatMul weights placed at int8", flush=True)
+    return placed
+
+
+def take_unit_arguments(argv: list[str]) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+    """relctl's own --relctl_int8_units / --relctl_int4_only_units (comma-separated prefixes), removed from
+    the builder's command line."""
+    rest: list[str] = []
+    found: dict[str, tuple[str, ...]] = {"--relctl_int8_units": (), "--relctl_int4_only_units": ()}
+    items = iter(argv)
+    for arg in items:
+        if arg in found:
+            found[arg] = tuple(p for p in next(items, "").split(",") if p)
+        else:
+            rest.append(arg)
+    return rest, found["--relctl_int8_units"], found["--relctl_int4_only_units"]
+
+
+def install(int8_units: tuple[str, ...] = (), int4_only_units: tuple[str, ...] = ()) -> None:
     """Route the builder's plain-case quantization through quantize_streaming. The builder imports its
     classes as the top-level `builders` package (onnxruntime_genai.models puts its folder on sys.path), a
     module object apart from onnxruntime_genai.models.builders: both are patched."""
@@ -275,6 +311,7 @@ def install() -> None:
         original = model_class.to_nbits
 
         def to_nbits(self: Any, original: Any = original) -> Any:
+            place_int8(self, int8_units, int4_only_units)
             return quantize_streaming(self) if _plain_case(self) else original(self)
 
         def save_model(self: Any, out_dir: str, original: Any = model_class.save_model) -> Any:
@@ -288,8 +325,9 @@ def install() -> None:
 
 def main() -> None:
     pin_malloc_threshold()
-    install()
-    sys.argv = ["onnxruntime_genai.models.builder", *sys.argv[1:]]
+    argv, int8_units, int4_only_units = take_unit_arguments(sys.argv[1:])
+    install(int8_units, int4_only_units)
+    sys.argv = ["onnxruntime_genai.models.builder", *argv]
     try:
         runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
     finally:

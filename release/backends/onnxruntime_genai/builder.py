@@ -18,6 +18,8 @@ from typing import Any
 from release.backends.onnxruntime_genai.build_process import PEAK_MARKER
 from release.backends.onnxruntime_genai.families import builder_config
 from release.backends.onnxruntime_genai.model import GenaiModel
+from release.backends.onnxruntime_genai.quantizers import builder_arguments, installed_options
+from release.backends.variants import parse_variant
 from release.core.checkpoint import read_config
 from release.core.errors import InputError, StageFailed
 from release.core.faults import pause_point
@@ -27,13 +29,16 @@ from release.core.tokenizer_parity import EDGE_STRINGS, compare_tokenizers
 
 def run_builder(model_dir: Path, out: Path, precision: str, execution_provider: str, log_path: Path) -> int | None:
     """Run the model builder in a subprocess (isolates its memory and its prints) into `out`; its peak RSS
-    in bytes (None when it did not say)."""
+    in bytes (None when it did not say). `precision` may be a variant (release/backends/variants.py): its
+    options become the installed builder's own quantizer options (quantizers.py)."""
     cache = out.with_name(out.name + ".cache")
     shutil.rmtree(cache, ignore_errors=True)
     source = builder_input(model_dir, out.with_name(out.name + ".input"))
+    variant = parse_variant(precision)
     cmd = [
         sys.executable, "-m", "release.backends.onnxruntime_genai.build_process",
-        "-i", str(source), "-o", str(out), "-p", precision, "-e", execution_provider, "-c", str(cache),
+        "-i", str(source), "-o", str(out), "-p", variant.precision, "-e", execution_provider, "-c", str(cache),
+        *builder_arguments(variant, installed_options()),
     ]
     try:
         with log_path.open("w") as log:

@@ -1,0 +1,83 @@
+"""The precision frontier: each variant's quality difference from the fp32 reference (with its interval)
+against its $/M output tokens, which variants no other beats on both, and why each was not taken.
+
+Rows are read from the engines comparison's rows (duck-typed: engine, precision, cost, rejected) and the
+paired verdicts by row label; this module renders, it decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def frontier_rows(rows: Sequence[Any], paired: dict[str, dict[str, Any]], chosen: Any) -> list[dict[str, Any]]:
+    """One entry per variant, cheapest first (unpriced last): its paired difference per metric, cost,
+    whether it is on the frontier (no other passing variant is both cheaper and better on the first metric),
+    the verdict."""
+    out = []
+    for row in rows:
+        label = f"{row.engine} {row.precision}"
+        verdict = paired.get(label)
+        out.append({"engine": row.engine, "precision": row.precision,
+                    "paired": None if verdict is None else verdict["outcome"],
+                    "metrics": {} if verdict is None else verdict["metrics"],
+                    "top1_agreement": row.top1_agreement, "mean_kl": row.mean_kl,
+                    "cost_per_million_tokens": row.cost_per_million_tokens,
+                    "chosen": row is chosen, "why_not": None if row is chosen else row.rejected})
+    passing = [e for e in out if e["paired"] == "non_inferior" and e["cost_per_million_tokens"] is not None]
+    for entry in out:
+        entry["on_frontier"] = entry in passing and not any(_dominates(o, entry) for o in passing if o is not entry)
+    return sorted(out, key=lambda e: (e["cost_per_million_tokens"] is None, e["cost_per_million_tokens"] or 0.0))
+
+
+def _first_difference(entry: dict[str, Any]) -> float:
+    metrics = entry["metrics"]
+    return float(next(iter(metrics.values()))["difference"]) if metrics else float("-inf")
+
+
+def _dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    cost_a, cost_b = a["cost_per_million_tokens"], b["cost_per_million_tokens"]
+    diff_a, diff_b = _first_difference(a), _first_difference(b)
+    return cost_a <= cost_b and diff_a >= diff_b and (cost_a < cost_b or diff_a > diff_b)
+
+
+def frontier_section(search: dict[str, Any] | None) -> list[str]:
+    """Markdown for the card, the report's details and the job summary: the frontier table, the int4
+    localisation, and the search's cost against the sum of its parts."""
+    if not search:
+        return []
+    lines = ["#### Precision frontier (precision: auto)",
+             "Quality is the paired difference from the fp32 reference (candidate - reference, oriented so "
+             "that negative is worse) with its interval, against the margin; cost at the SLO.", "",
+             "| variant | paired eval | difference [interval] (margin) | $ per M output tokens | frontier | "
+             "verdict |", "|---|---|---|---|---|---|"]
+    for entry in search.get("frontier", []):
+        quality = "; ".join(f"{name} {m['difference']:+.4f} [{m['interval'][0]:+.4f}, {m['interval'][1]:+.4f}] "
+                            f"({m['margin']:g})" for name, m in entry["metrics"].items()) or "—"
+        cost = entry["cost_per_million_tokens"]
+        verdict = "**released**" if entry["chosen"] else (entry["why_not"] or "—")
+        lines.append(f"| {entry['engine']} {entry['precision']} | {entry['paired'] or 'not run'} | {quality} | "
+                     f"{'—' if cost is None else f'{cost:.4g}'} | {'yes' if entry['on_frontier'] else ''} | "
+                     f"{verdict.replace('|', '/')} |")
+    lines += ["", *sensitivity_lines(search.get("sensitivity"))]
+    cost = search.get("cost") or {}
+    if cost.get("ratio") is not None:
+        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['parts_s']:.1f} s of builds, "
+                     f"validations, paired evals and load tests ({cost['ratio']:.2f}x)")
+    return [*lines, ""]
+
+
+def sensitivity_lines(found: dict[str, Any] | None) -> list[str]:
+    if not found:
+        return []
+    if "skipped" in found:
+        return [f"- int4 failed and was not localised: {found['skipped']}"]
+    ranked = sorted(found.get("added_kl", {}).items(), key=lambda kv: -kv[1])
+    line = ("- int4 failed; KL each unit adds over int8 when it alone is int4: "
+            + ", ".join(f"{unit} {kl:.3g}" for unit, kl in ranked))
+    worst = found.get("worst") or []
+    retry = found.get("retry")
+    tail = (f"; retried once with {', '.join(worst)} at int8 ({retry})" if worst and retry else
+            "; no unit adds KL: nothing to retry")
+    return [line + tail]
