@@ -113,7 +113,7 @@ def unit_builds(tiny_checkpoint: Path, tiny_data: Path, tmp_path_factory: pytest
     merged = out / "merged"
     merge_checkpoint(tiny_checkpoint, tiny_checkpoint, merged)
     backend = get_backend("onnxruntime-genai")
-    prompts = load_prompts(tiny_data / "prompts.jsonl")[:8]
+    prompts = load_prompts(tiny_data / "validation" / "prompts.jsonl")[:8]
     built: dict[str, Path] = {}
 
     def build(entry: EngineConfig) -> EngineBuild:
