@@ -63,8 +63,9 @@ def frontier_section(search: dict[str, Any] | None) -> list[str]:
     lines += ["", *sensitivity_lines(search.get("sensitivity"))]
     cost = search.get("cost") or {}
     if cost.get("ratio") is not None:
-        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['parts_s']:.1f} s of builds, "
-                     f"validations, paired evals and load tests ({cost['ratio']:.2f}x)")
+        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['parts_s']:.1f} s of builds "
+                     f"(with their validations) and evals ({cost['ratio']:.2f}x; the load tests took "
+                     f"{cost.get('load_tests_s', 0):.1f} s of it)")
     return [*lines, ""]
 
 

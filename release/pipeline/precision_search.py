@@ -190,9 +190,18 @@ def search(cfg: ReleaseConfig, config: dict[str, Any], gates: list[Gate],
 
 
 def cost_summary(wall: float, parts: dict[str, float]) -> dict[str, Any]:
-    total = sum(parts.values())
-    return {"wall_s": round(wall, 3), "parts_s": round(total, 3),
-            "ratio": round(wall / total, 3) if total > 0 else None,
+    """The search's wall time against its parts measured in the same run: `ratio` against its builds (convert,
+    validate, memory, package) and evals (the reference scored once, each paired eval), the issue's measure;
+    `ratio_with_load_tests` against every part, load tests included (what is left is the search's own cost)."""
+    def total(prefixes: tuple[str, ...]) -> float:
+        return sum(v for k, v in parts.items() if k.startswith(prefixes))
+
+    builds_evals = total(("build ", "paired eval "))
+    every = total(("build ", "paired eval ", "load "))
+    return {"wall_s": round(wall, 3), "builds_s": round(total(("build ",)), 3),
+            "evals_s": round(total(("paired eval ",)), 3), "load_tests_s": round(total(("load ",)), 3),
+            "parts_s": round(builds_evals, 3), "ratio": round(wall / builds_evals, 3) if builds_evals > 0 else None,
+            "ratio_with_load_tests": round(wall / every, 3) if every > 0 else None,
             "parts": {k: round(v, 3) for k, v in parts.items()}}
 
 
