@@ -9,7 +9,6 @@ point (`EvalGate.paired_judge`), so the search stays engine- and gate-agnostic.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,42 +28,18 @@ Scorer = Callable[[LoadedModel, tuple[EvalRow, ...]], list[ScoredRow]]
 
 @dataclass(frozen=True)
 class PerSample:
-    """How a metric reads one row: its kind, direction and per-row value."""
+    """How a metric reads one row (its `sample_kind` and `score_sample`, gates/metrics.py): kind, direction,
+    per-row value."""
 
     kind: SampleKind
     greater_is_better: bool
     value: Callable[[ScoredRow], float]
 
 
-def _exact(row: ScoredRow) -> float:
-    return 1.0 if row.output.strip() == row.expected.strip() else 0.0
-
-
-def _token_accuracy(row: ScoredRow) -> float:
-    hits = row.target_hits or ()
-    return sum(hits) / len(hits) if hits else 0.0
-
-
-def _mean_nll(row: ScoredRow) -> float:
-    logprobs = row.target_logprobs or ()
-    return -sum(logprobs) / len(logprobs) if logprobs else math.inf
-
-
-# The built-ins' per-row values where the installed metric has no `score_sample` of its own (the eval
-# gate's metrics grow one with the paired comparison; theirs are used when present, the same definitions).
-PER_SAMPLE: dict[str, PerSample] = {
-    "exact_match": PerSample("binary", True, _exact),
-    "token_accuracy": PerSample("continuous", True, _token_accuracy),
-    "perplexity": PerSample("continuous", False, _mean_nll),   # nats of mean NLL: the log of its perplexity
-}
-
-
 def per_sample(metric: Metric) -> PerSample:
     score, kind = getattr(metric, "score_sample", None), getattr(metric, "sample_kind", None)
     if callable(score) and kind in ("binary", "continuous"):
         return PerSample(kind, metric.greater_is_better, score)
-    if metric.name in PER_SAMPLE:
-        return PER_SAMPLE[metric.name]
     raise InputError(f"gates.eval.margins: metric '{metric.name}' has no per-sample score, so it cannot be "
                      "compared sample by sample", hint="set margins on exact_match, token_accuracy or perplexity")
 
@@ -123,9 +98,3 @@ def verdict(results: list[PairedResult]) -> dict[str, Any]:
                                    "candidate_mean": r.candidate_mean, "reference_mean": r.baseline_mean}
                         for r in results}}
 
-
-def margins_of(config: Any) -> dict[str, float]:
-    """`gates.eval.margins`: the non-inferiority margin per metric (empty when none is set)."""
-    margins = getattr(config, "margins", None) or {}
-    return {str(k): float(v if isinstance(v, int | float) else getattr(v, "margin", 0.0))
-            for k, v in dict(margins).items()}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from release.core.faults import pause_point
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, gate_phase
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks, gate_phase
 from release.gating.plugins import run_gate
 from release.pipeline.progress import Progress
 from release.pipeline.versions import fetch_package
@@ -51,7 +51,7 @@ def run_phase_gates(
     one report)."""
     results: list[GateResult] = []
     for gate in gates:
-        failed = next((r for r in results if r.status == "fail"), None)
+        failed = next((r for r in results if blocks(r.status)), None)
         if failed is not None and not keep_going:
             result = not_run(gate.id, failed.gate)
             progress.done(f"gate {gate.id}", 0.0, f"{result.status}: {result.reason}", outcome=result.status)

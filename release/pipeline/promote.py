@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from release.backends import AUTO, Backend, get_backend
+from release.backends.base import LoadedModel
 from release.canary.outcome import unwind_canary
 from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
@@ -25,7 +26,7 @@ from release.core.faults import pause_point
 from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PackageManifest, verify_package
 from release.core.units import size
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
@@ -96,6 +97,8 @@ class Promotion:
         self.signer: SigningKey | None = None
         self.trust = Trust()
         self.engine_why: str | None = None  # why the contract's backend (release.yaml, or auto's pick)
+        # Opens the fp32 reference this release built, for gates that compare with it (GateContext).
+        self.load_reference: Callable[[], LoadedModel] | None = None
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
@@ -197,6 +200,7 @@ class Promotion:
         if self.cfg.engines or searches(self.cfg):  # engines side by side (precision: auto: each variant)
             backend = self._engines(pipe, intake, checkpoint, upstream, name, report, gates, backend)
         reference, candidate = self._convert(pipe, intake, checkpoint, upstream, backend)
+        self.load_reference = reference_loader(reference, candidate, checkpoint)
         validation = self._validate(pipe, intake, reference, candidate, checkpoint)
         report.validation = validation.result.model_dump(mode="json")
         if not validation.result.passed:
@@ -402,7 +406,7 @@ class Promotion:
             return GateContext(model_name=name, package_dir=package.root, work_dir=work / gate_id,
                                production=production, eval_dataset=eval_data, config_dir=self._repo_anchor(),
                                version=version, should_stop=self._stop_check(name, production, version),
-                               project_dir=self.project_dir)
+                               project_dir=self.project_dir, load_reference=self.load_reference)
 
         measured: dict[str, GateResult] = {}
         if phase == "before_register" and self.engines is not None and not _replays_production(gates, production):
@@ -415,7 +419,7 @@ class Promotion:
         for result in results:
             report.plots |= {title: artifact for title, (_, artifact) in plot_artifacts(result).items()}
         self.gates_markdown = render_markdown(self.gate_results, production.version if production else None)
-        failed = [r for r in results if r.status == "fail"]
+        failed = [r for r in results if blocks(r.status)]
         if failed and phase == "before_register":
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
             raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
@@ -535,7 +539,7 @@ class Promotion:
                                       "but not promoted (tagged stopped)",
                                       hint="production changed under this release (a rollback?); re-run relctl "
                                            "promote to gate the candidate against the new production")
-        failed = [r for r in results if r.status == "fail"]
+        failed = [r for r in results if blocks(r.status)]
         if failed:
             reason = f"gate {failed[0].gate}: {failed[0].reason}"
             self.registry.move_aliases(name, {CANDIDATE: None}, "reject", reason, run.run_id)
@@ -654,3 +658,13 @@ def _replays_production(gates: list[Gate], production: ProductionRef | None) -> 
     config = getattr(load_gate(gates), "config", None)
     return (production is not None and bool(getattr(config, "compare_production", False))
             and not getattr(config, "sweep", None))
+
+
+def reference_loader(reference: Done[Any], candidate: Done[ConvertOutputs],
+                     checkpoint: Path) -> Callable[[], LoadedModel]:
+    """Opens the fp32 reference validation compared with, as a model gates can run: the merged checkpoint
+    through the backend's load_reference when the reference is the checkpoint's own numbers (reference.npz
+    holds summaries, not a model), else the fp32 build."""
+    backend = get_backend(candidate.result.backend)
+    folder = checkpoint if isinstance(reference.result, ReferenceResult) else reference.path(reference.result.model)
+    return lambda: backend.load_reference(folder)
