@@ -23,7 +23,7 @@ from release.backends.variants import parse_variant
 from release.config import EngineConfig, ValidationConfig
 from release.core.checkpoint import read_config
 from release.pipeline.engines import EngineBuild, EngineRow
-from release.pipeline.frontier import frontier_rows, frontier_section
+from release.pipeline.frontier import frontier_rows, frontier_section, sensitivity_lines
 from release.pipeline.precision_search import localise, worst_units
 from release.pipeline.progress import Progress
 from release.stages.convert import convert
@@ -160,3 +160,6 @@ def test_int4_is_localised_per_unit_and_retried_with_the_worst_at_int8(unit_buil
     prefixes = tuple(str(unit_prefix(u)) for u in worst)
     assert all((b == 8) == n.startswith(prefixes) for n, b in bits.items()), bits
     assert any(b == 4 for b in bits.values())  # the rest of the body stays int4
+    # The card names the units (frontier_section renders the report's sensitivity block).
+    line = sensitivity_lines({**found, "retry": found["retry"].precision})[0]
+    assert all(unit in line for unit in found["added_kl"]) and f"retried once with {', '.join(worst)}" in line
