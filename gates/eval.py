@@ -193,7 +193,9 @@ class EvalGate:
                 if production_rows is None:  # recorded numbers have no per-row values: score production here
                     production_rows = score_rows(load_package_model(context.production.package_dir), data.rows,
                                                  self.config, needs)
-                baselines.append(Side("production", f"production v{context.production.version}", production_rows))
+                version = context.production.version  # a registry version, or `relctl gate --baseline`'s label
+                label = f"production v{version}" if version.isdigit() else f"production {version}"
+                baselines.append(Side("production", label, production_rows))
         if "reference" in self.config.against:
             if context.load_reference is None:
                 notes.append("no fp32 reference in this run: paired comparison with the reference skipped")

@@ -29,7 +29,14 @@ from release.core.units import size
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
-from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
+from release.gating.run import (
+    evidence_digests,
+    gates_of_phase,
+    log_result,
+    plot_artifacts,
+    production_ref,
+    run_phase_gates,
+)
 from release.pipeline.advice import after_validation_failure
 from release.pipeline.contract import ContractReport, require_contract
 from release.pipeline.engines import (
@@ -466,6 +473,7 @@ class Promotion:
         inputs = reg.RegisterInputs(
             model=name, content_sha256=report.package["content_sha256"], lineage=report.lineage,
             extra_tags=self._gate_tags(report), numbers=release_metrics(report), details=release_details(report),
+            evidence_sha256=evidence_digests(self.gate_results),
             description=self.card(report),
             target="candidate" if under_canary else "production",
             waits_for="the canary" if canary_next else "an approval: relctl approve",
