@@ -60,7 +60,7 @@ class EvalConfig(BaseModel):
         default_factory=dict, description="non-inferiority margin per metric, in its per-sample units "
         "(exact_match 0.02 = two points; perplexity: nats of mean NLL per token); see docs/paired-eval.md")
     against: list[Baseline] = Field(
-        default_factory=lambda: list(BASELINES),
+        default_factory=lambda: list(BASELINES), min_length=1,
         description="what the margins compare the candidate with: production, and the fp32 reference where "
                     "the release built one")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="two-sided level of the intervals")
