@@ -426,7 +426,7 @@ class Promotion:
         failed = [r for r in results if blocks(r.status)]
         if failed and phase == "before_register":
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
-            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
+            raise Blocked(f"gate '{failed[0].gate}' {_blocked_as(failed[0])}: {failed[0].reason}",
                           hint="see the release report for the evidence")
         return results
 
@@ -551,7 +551,7 @@ class Promotion:
             self.registry.set_version_tags(name, version, {T.RELEASE_STATE: "rejected", T.REJECTED_REASON: reason})
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
             self._record(name, version, run, report)
-            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
+            raise Blocked(f"gate '{failed[0].gate}' {_blocked_as(failed[0])}: {failed[0].reason}",
                           hint="production was never moved; see the release report for the evidence")
         if self.cfg.require_approval:  # the canary passed; production waits for the approval
             self._await_approval(run, name, version, report, production)
@@ -673,3 +673,8 @@ def reference_loader(reference: Done[Any], candidate: Done[ConvertOutputs],
     backend = get_backend(candidate.result.backend)
     folder = checkpoint if isinstance(reference.result, ReferenceResult) else reference.path(reference.result.model)
     return lambda: backend.load_reference(folder)
+
+
+def _blocked_as(result: GateResult) -> str:
+    """How a blocking gate reads in the one-line error: "failed", or its own status ("underpowered")."""
+    return "failed" if result.status == "fail" else f"did not pass ({result.status})"
