@@ -62,7 +62,7 @@ class EvalConfig(BaseModel):
         default_factory=dict, description="non-inferiority margin per metric, in its per-sample units "
         "(exact_match 0.02 = two points; perplexity: nats of mean NLL per token); see docs/paired-eval.md")
     against: list[Baseline] = Field(
-        default_factory=lambda: list(BASELINES),
+        default_factory=lambda: list(BASELINES), min_length=1,
         description="what the margins compare the candidate with: production, and the fp32 reference where "
                     "the release built one")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="two-sided level of the intervals")
@@ -208,7 +208,9 @@ class EvalGate:
                 if production_rows is None:  # recorded numbers have no per-row values: score production here
                     production_rows = score_rows(load_package_model(context.production.package_dir), data.rows,
                                                  self.config, needs)
-                baselines.append(Side("production", f"production v{context.production.version}", production_rows))
+                version = context.production.version  # a registry version, or `relctl gate --baseline`'s label
+                label = f"production v{version}" if version.isdigit() else f"production {version}"
+                baselines.append(Side("production", label, production_rows))
         if "reference" in self.config.against:
             if context.load_reference is None:
                 notes.append("no fp32 reference in this run: paired comparison with the reference skipped")

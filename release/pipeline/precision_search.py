@@ -1,8 +1,9 @@
 """`precision: auto`: release the cheapest variant whose quality is non-inferior to the fp32 reference.
 
 convert.precision: auto (or an `engines:` entry's precision: auto) asks the backend for every variant it
-builds for this checkpoint on this device (`Backend.precision_variants`: onnxruntime-genai's fp32, int8,
-int4 with each quantizer method and int8 placement its installed builder lists). The engines comparison
+builds for this checkpoint on this device (`Backend.precision_variants`: its precisions for the device, and
+whatever build options it offers, e.g. each quantizer method and int8 placement an installed builder lists).
+The engines comparison
 (release/pipeline/engines.py) then runs them, with two additions between validation and the load test:
 
 1. each variant that passed validation (against the one shared reference, on the shared prompts) is scored
@@ -30,10 +31,10 @@ from release.backends import AUTO, choose_backend, get_backend
 from release.backends.variants import AUTO_PRECISION, base_precision
 from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import ReleaseError
+from release.core.progress import Progress
 from release.gating.contract import Gate, GateContext, Problem
 from release.pipeline.engines import Comparison, EngineBuild, EngineRow, compare_engines, load_gate
 from release.pipeline.frontier import frontier_rows
-from release.pipeline.progress import Progress
 
 EVAL_GATE = "eval"
 # The worst units retried at int8: the fewest, largest first, that hold this share of the KL all units add.

@@ -22,10 +22,10 @@ from release.backends.onnxruntime_genai.quantizers import (
 from release.backends.variants import parse_variant
 from release.config import EngineConfig, ValidationConfig
 from release.core.checkpoint import read_config
+from release.core.progress import Progress
 from release.pipeline.engines import EngineBuild, EngineRow
 from release.pipeline.frontier import frontier_rows, frontier_section, sensitivity_lines
 from release.pipeline.precision_search import localise, worst_units
-from release.pipeline.progress import Progress
 from release.stages.convert import convert
 from release.stages.merge import merge_checkpoint
 from release.stages.validate import load_prompts, validate
