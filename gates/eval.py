@@ -134,7 +134,9 @@ class EvalGate:
         if path is None:
             raise InputError("precision: auto: the paired eval needs an eval set",
                              hint="set gates.eval.dataset or log data/eval.jsonl with the run")
-        margins = dict(self.config.margins)
+        # The gate's own metrics (a harness task's margins compare the served candidate with production by the
+        # harness's sample ids, not a variant with the reference).
+        margins = {m: v for m, v in self.config.margins.items() if m in self.config.metrics}
         needs = _needs_logits(resolve_metrics(list(margins)))
         return PairedJudge(load_eval_set(path, self.config.expectations).rows, margins,
                            lambda model, rows: score_rows(model, rows, self.config, needs), reference,

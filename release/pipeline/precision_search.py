@@ -120,10 +120,13 @@ def search_problems(cfg: ReleaseConfig, gates: list[Gate]) -> list[Problem]:
                                 "load gate, and gates.load is not configured",
                                 "add a gates.load block (traffic, slos, cost with gpu_price_per_hour)"))
     eval_gate = next((g for g in gates if g.id == EVAL_GATE), None)
-    margins = getattr(getattr(eval_gate, "config", None), "margins", None)
+    config = getattr(eval_gate, "config", None)
+    metrics = set(getattr(config, "metrics", None) or ())
+    margins = [m for m in (getattr(config, "margins", None) or {}) if m in metrics]  # on the gate's own metrics
     if eval_gate is None or not hasattr(eval_gate, "paired_judge") or not margins:
         problems.append(Problem("release.yaml: precision: auto releases a variant only when its paired eval "
-                                "against the fp32 reference is non-inferior, and gates.eval sets no margins",
+                                "against the fp32 reference is non-inferior, and gates.eval sets no margins on its "
+                                "metrics",
                                 "add gates.eval.margins, e.g. margins: {token_accuracy: 0.05}"))
     return problems
 
