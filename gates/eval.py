@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.harness.config import HarnessTask, task_problems
+from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
 from gates.thresholds import MetricThreshold, check_metric
@@ -41,6 +43,8 @@ class EvalConfig(BaseModel):
     max_new_tokens: int = Field(default=16, ge=1, le=1024)
     separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
     expectations: DataRules = DataRules()
+    tasks: list[HarnessTask] = Field(default_factory=list, description="standard eval tasks (lm-eval, Inspect) run "
+                                                                       "through the served candidate and production")
 
     @field_validator("metrics")
     @classmethod
@@ -78,6 +82,7 @@ class EvalGate:
     def preflight(self, config_dir: Path | None) -> list[Problem]:
         found = missing_file("gates.eval.dataset", self.config.dataset, config_dir) if self.config.dataset else None
         problems = [found] if found else []
+        problems += task_problems(self.config.tasks, config_dir)
         if not self.bounded:
             # Refused before any stage (check and promote): a gate that cannot fail must never read "pass".
             problems.append(Problem("release.yaml: gates.eval sets no thresholds, so the eval gate would pass "
@@ -99,6 +104,9 @@ class EvalGate:
         checks, skipped = self._check(metrics, values, production)
         evidence = context.work_dir / EVIDENCE_FILE
         _write_predictions(evidence, data.rows, rows)
+        harness = run_tasks(self.config.tasks, context.package_dir,
+                            context.production.package_dir if context.production else None,
+                            context.work_dir / "harness", context.config_dir) if self.config.tasks else None
         failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
         # Run on its own (`relctl gate eval` without thresholds) the gate measures, but it has evaluated nothing.
         status: GateStatus = "skipped" if not self.bounded else "pass" if all(c.passed for c in checks) else "fail"
@@ -106,11 +114,13 @@ class EvalGate:
                   "against" if not self.bounded else _reason(checks, skipped, len(rows)))
         return GateResult(
             gate=self.id, status=status,
-            reason=reason, metrics=values, thresholds=checks, evidence=[evidence],
+            reason=reason, metrics=values, thresholds=checks,
+            evidence=[evidence, *([harness.samples_file] if harness else [])],
             details={"dataset": str(path), "dataset_sha256": data.sha256, "rows": len(rows),
                      "production_version": context.production.version if context.production else None,
                      "production_metrics": production, "production_source": source,
-                     "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES]},
+                     "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
+                     "harness": harness.record() if harness else None},
         )
 
     def _production_metrics(self, context: GateContext, data: EvalSet,
