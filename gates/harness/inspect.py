@@ -83,8 +83,10 @@ def run_task(task: HarnessTask, base_url: str, model: str, log_dir: Path, config
     path = resolve_path(task.file, config_dir)
     spec = f"{path}@{task.task}" if task.task else str(path)
     served = get_model(f"openai-api/relctl/{model}", base_url=f"{base_url}/v1", api_key="unused")
+    # Greedy, as lm-eval asks: candidate and production answer each sample deterministically, so a paired
+    # difference is the models', not the sampler's.
     logs = inspect_eval(spec, model=served, limit=task.limit, log_dir=str(log_dir), display="none",
-                        log_samples=True, score=True)
+                        log_samples=True, score=True, temperature=0.0)
     log = logs[0]
     if log.status != "success" or log.samples is None:
         error = log.error.message if log.error else log.status
@@ -100,9 +102,10 @@ def run_task(task: HarnessTask, base_url: str, model: str, log_dir: Path, config
     name = log.eval.task
     scores: list[SampleScores]
     scores, skipped = scores_by_metric(f"inspect/{name}", values, {}, BINARY_SCORERS)
-    digests = {str(path): hashlib.sha256(path.read_bytes()).hexdigest()}
+    files = [path, *(resolve_path(Path(n), path.parent) for n in _dataset_files(ast.parse(path.read_text())))]
+    digests = {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in files if f.is_file()}
     config = {"task": name, "task_args": log.eval.task_args, "dataset": log.eval.dataset.model_dump(mode="json"),
               "solver": [s.model_dump(mode="json") for s in (log.plan.steps if log.plan else [])],
-              "limit": task.limit, "model": f"openai-api/relctl/{model}"}
+              "limit": task.limit, "model": f"openai-api/relctl/{model}", "temperature": 0.0}
     return TaskRun(harness="inspect", harness_version=harness_version("inspect") or "", task=task.label,
                    tasks=[name], digests=digests, config=config, scores=tuple(scores), skipped_metrics=tuple(skipped))

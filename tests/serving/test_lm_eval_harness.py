@@ -103,3 +103,35 @@ def test_served_log_likelihoods_equal_the_pytorch_reference(trained_package: Pat
     assert record["config"]["task"][TASK]["output_type"] == "multiple_choice"
     lines = [json.loads(line) for line in results.samples_file.read_text().splitlines()]
     assert sum(1 for line in lines if line.get("metric") == acc.metric) == 12
+
+
+INSPECT_TASK = '''from inspect_ai import Task, task
+from inspect_ai.dataset import json_dataset
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate
+
+
+@task
+def probe() -> Task:
+    return Task(dataset=json_dataset("probe.jsonl"), solver=generate(), scorer=includes())
+'''
+
+
+def test_an_inspect_task_is_scored_per_sample_through_the_server(trained_package: Path, tmp_path: Path) -> None:
+    """Inspect's openai-api provider against relctl serve's chat API: each sample's score by its dataset id.
+    Any answer includes the empty target and none includes the other, so the values pin the id mapping."""
+    evals = tmp_path / "evals"
+    evals.mkdir()
+    (evals / "probe.py").write_text(INSPECT_TASK)
+    rows = [{"id": "always", "input": "reverse a b ->", "target": ""},
+            {"id": "never", "input": "reverse c d ->", "target": "\u2603 not an answer \u2603"}]
+    (evals / "probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    entry = HarnessTask(harness="inspect", file=Path("evals/probe.py"), task="probe")
+    results = run_tasks([entry], trained_package, None, tmp_path / "harness", tmp_path)
+    (run,) = results.candidate
+    (scores,) = run.scores
+    assert scores.metric == "inspect/probe/includes" and scores.kind == "binary"
+    assert dict(zip(scores.ids, scores.values, strict=True)) == {"always": 1.0, "never": 0.0}
+    record = run.record()
+    assert record["harness"] == "inspect" and record["version"] and record["config"]["temperature"] == 0.0
+    assert set(record["digests"]) == {str(evals / "probe.py"), str(evals / "probe.jsonl")}
