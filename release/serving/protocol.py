@@ -17,7 +17,7 @@ from release.backends.jobs import GenerationParams, ModelLimits, TokenScore
 from release.core.server_settings import ServerSettings
 
 INT32_MAX = 2**31 - 1
-# The most alternatives per token `logprobs` may ask for (vLLM's default max_logprobs; OpenAI's limit is 5).
+# The most alternatives per token `logprobs` may ask for (a common engine default; OpenAI's limit is 5).
 MAX_LOGPROBS = 20
 # Every token is matched against every stop string: their length bounds the work per token.
 MAX_STOP_CHARS = 256
