@@ -26,14 +26,20 @@ from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionR
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.eval_paired import (
     BASELINES,
+    PAIRED_FILE,
     Baseline,
     Comparison,
     Side,
     compare_sides,
+    harness_comparisons,
+    harness_of,
     margin_problems,
     paired_status,
     write_evidence,
+    write_paired,
 )
+from gates.harness.config import HarnessTask, task_problems
+from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
 from gates.precision_eval import PairedJudge
@@ -67,6 +73,8 @@ class EvalConfig(BaseModel):
                     "the release built one")
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="two-sided level of the intervals")
     # --- end paired comparison ---
+    tasks: list[HarnessTask] = Field(default_factory=list, description="standard eval tasks (lm-eval, Inspect) run "
+                                                                       "through the served candidate and production")
 
     @field_validator("metrics")
     @classmethod
@@ -116,6 +124,7 @@ class EvalGate:
         found = missing_file("gates.eval.dataset", self.config.dataset, config_dir) if self.config.dataset else None
         problems = [found] if found else []
         problems += self._margin_problems()
+        problems += task_problems(self.config.tasks, config_dir)
         if not self.bounded:
             # Refused before any stage (check and promote): a gate that cannot fail must never read "pass".
             problems.append(Problem("release.yaml: gates.eval sets no thresholds, so the eval gate would pass "
@@ -125,7 +134,8 @@ class EvalGate:
         return problems
 
     def _margin_problems(self) -> list[Problem]:
-        return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics))
+        return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics),
+                               frozenset(t.harness for t in self.config.tasks))
 
     def paired_judge(self, context: GateContext, reference: Callable[[], LoadedModel]) -> PairedJudge:
         """`precision: auto`'s paired eval of each variant against `reference` on this gate's rows, per sample,
@@ -158,20 +168,34 @@ class EvalGate:
         checks, skipped = self._check(metrics, values, production)
         evidence = context.work_dir / EVIDENCE_FILE
         _write_predictions(evidence, data.rows, rows)
+        harness = run_tasks(self.config.tasks, context.package_dir,
+                            context.production.package_dir if context.production else None,
+                            context.work_dir / "harness", context.config_dir) if self.config.tasks else None
         failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
         # --- paired comparison (issue 29 step 3) ---
         comparisons, paired_evidence, paired_skipped = self._paired(context, data, metrics, rows, production_rows)
         skipped += paired_skipped
+        if harness is not None:  # margins on the harness tasks' metrics: candidate vs production, by sample id
+            label = _production_label(context.production) if context.production else "production"
+            found, notes = harness_comparisons(self.config.margins, harness.scores("candidate"),
+                                               harness.scores("production") if harness.production else None,
+                                               label, self.config.confidence)
+            comparisons, skipped = comparisons + found, skipped + notes
+            if found:
+                write_paired(context.work_dir / PAIRED_FILE, comparisons)
+                paired_evidence = list(dict.fromkeys([*paired_evidence, context.work_dir / PAIRED_FILE]))
         # --- end paired comparison ---
         status, reason = self._verdict(checks, skipped, comparisons, len(rows))
         return GateResult(
             gate=self.id, status=status,
-            reason=reason, metrics=values, thresholds=checks, evidence=[evidence, *paired_evidence],
+            reason=reason, metrics=values, thresholds=checks,
+            evidence=[evidence, *paired_evidence, *([harness.samples_file] if harness else [])],
             details={"dataset": str(path), "dataset_sha256": data.sha256, "rows": len(rows),
                      "production_version": context.production.version if context.production else None,
                      "production_metrics": production, "production_source": source,
                      "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
-                     "paired": [c.as_dict() for c in comparisons]},
+                     "paired": [c.as_dict() for c in comparisons],
+                     "harness": harness.record() if harness else None},
         )
 
     def _verdict(self, checks: list[ThresholdCheck], skipped: list[str], comparisons: list[Comparison],
@@ -198,7 +222,7 @@ class EvalGate:
     def _paired(self, context: GateContext, data: EvalSet, metrics: list[Metric], rows: list[ScoredRow],
                 production_rows: list[ScoredRow] | None) -> tuple[list[Comparison], list[Path], list[str]]:
         """Candidate vs each baseline per margin; (comparisons, evidence files, notes on baselines left out)."""
-        if not self.config.margins:
+        if not any(harness_of(name) is None for name in self.config.margins):
             return [], [], []
         needs = _needs_logits(metrics)
         baselines: list[Side] = []
@@ -210,9 +234,7 @@ class EvalGate:
                 if production_rows is None:  # recorded numbers have no per-row values: score production here
                     production_rows = score_rows(load_package_model(context.production.package_dir), data.rows,
                                                  self.config, needs)
-                version = context.production.version  # a registry version, or `relctl gate --baseline`'s label
-                label = f"production v{version}" if version.isdigit() else f"production {version}"
-                baselines.append(Side("production", label, production_rows))
+                baselines.append(Side("production", _production_label(context.production), production_rows))
         if "reference" in self.config.against:
             if context.load_reference is None:
                 notes.append("no fp32 reference in this run: paired comparison with the reference skipped")
@@ -232,7 +254,8 @@ class EvalGate:
         if context.production is None:
             return None, None, None
         recorded = _recorded_metrics(context.production, data.sha256, metrics)
-        if recorded is not None and not (self.config.margins and "production" in self.config.against):
+        if recorded is not None and not (any(harness_of(n) is None for n in self.config.margins)
+                                        and "production" in self.config.against):
             return recorded, "recorded", None
         model = load_package_model(context.production.package_dir)
         rows = score_rows(model, data.rows, self.config, _needs_logits(metrics))
@@ -279,6 +302,11 @@ def _teacher_forced(model: LoadedModel, row: EvalRow,
     picked = log_probs[np.arange(len(targets)), targets]
     hits = logits.argmax(axis=1) == targets
     return tuple(float(v) for v in picked), tuple(bool(h) for h in hits)
+
+
+def _production_label(production: ProductionRef) -> str:
+    version = production.version  # a registry version, or `relctl gate --baseline`'s label
+    return f"production v{version}" if version.isdigit() else f"production {version}"
 
 
 def _needs_logits(metrics: list[Metric]) -> bool:

@@ -21,6 +21,7 @@ from gates.eval_data import EvalRow
 from gates.metrics import Metric, ScoredRow, per_sample
 from gates.paired import PairedResult, compare
 from gates.samples import SampleScores
+from release.core.errors import InputError
 
 SAMPLES_FILE = "eval-samples.jsonl"   # every row's per-sample values on every side
 PAIRED_FILE = "eval-paired.json"      # every comparison's n, difference, interval, margin and outcome
@@ -49,12 +50,31 @@ class Comparison:
         return {"against": self.against, **asdict(self.result), "line": self.describe()}
 
 
+# A margin on a harness task's metric is named as its SampleScores are: "<harness>/<task>/<metric>".
+HARNESS_PREFIXES = {"lm_eval/": "lm-eval", "inspect/": "inspect"}
+
+
+def harness_of(name: str) -> str | None:
+    """The harness a margin's metric belongs to ("lm-eval", "inspect"), or None for a JSONL metric."""
+    return next((h for prefix, h in HARNESS_PREFIXES.items() if name.startswith(prefix)), None)
+
+
 def margin_problems(margins: Mapping[str, float], metric_names: Sequence[str],
-                    resolved: Sequence[Metric]) -> list[Problem]:
-    """Every margin that names a metric the gate does not compute, or one with no per-sample form."""
+                    resolved: Sequence[Metric], harnesses: frozenset[str] = frozenset()) -> list[Problem]:
+    """Every margin that names a metric the gate does not compute, or one with no per-sample form.
+    `harnesses`: the harnesses gates.eval.tasks runs; a margin on their metrics is checked when they ran
+    (a task's metric names are the harness's to give)."""
     problems: list[Problem] = []
     by_name = {m.name: m for m in resolved}
     for name in margins:
+        harness = harness_of(name)
+        if harness is not None:
+            if harness not in harnesses:
+                problems.append(Problem(
+                    f"release.yaml: gates.eval.margins.{name}: no {harness} task in gates.eval.tasks, so the "
+                    "margin compares nothing",
+                    f"add a {harness} task to gates.eval.tasks or remove the margin"))
+            continue
         if name not in metric_names:
             problems.append(Problem(
                 f"release.yaml: gates.eval.margins.{name}: '{name}' is not in gates.eval.metrics, so the "
@@ -86,11 +106,43 @@ def compare_sides(metrics: Sequence[Metric], margins: Mapping[str, float], data:
     out: list[Comparison] = []
     for base in baselines:
         for name, margin in margins.items():
+            if harness_of(name) is not None:
+                continue  # harness task metrics: harness_comparisons
             metric = by_name[name]
             result = compare(sample_scores(metric, data, candidate.rows), sample_scores(metric, data, base.rows),
                              margin, confidence=confidence)
             out.append(Comparison(base.label, result))
     return out
+
+
+def harness_comparisons(margins: Mapping[str, float], candidate: Sequence[SampleScores],
+                        production: Sequence[SampleScores] | None, production_label: str,
+                        confidence: float) -> tuple[list[Comparison], list[str]]:
+    """Each margin on a harness task's metric, candidate against production, paired by the harness's sample
+    ids; (comparisons, notes). A margin may leave out lm-eval's filter suffix ("lm_eval/t/acc" matches
+    "lm_eval/t/acc,none"). A margin that matches no metric the tasks produced is an error naming them; the
+    fp32 reference is a checkpoint, not a served model, so harness tasks compare with production only."""
+    wanted = {name: margin for name, margin in margins.items() if harness_of(name) is not None}
+    if not wanted:
+        return [], []
+    by_metric = {s.metric: s for s in candidate}
+    out: list[Comparison] = []
+    for name, margin in wanted.items():
+        found = [s for s in candidate if s.metric == name or s.metric.split(",")[0] == name]
+        if not found:
+            raise InputError(f"gates.eval.margins.{name}: the harness tasks produced no such metric",
+                             hint="name one of: " + ", ".join(sorted(by_metric)) if by_metric
+                             else "the tasks produced no per-sample metric")
+        if production is None:
+            continue
+        theirs = {s.metric: s for s in production}
+        for scores in found:
+            if scores.metric in theirs:
+                out.append(Comparison(production_label, compare(scores, theirs[scores.metric], margin,
+                                                                confidence=confidence)))
+    notes = ["production was not scored on the harness tasks: their margins were not compared"] \
+        if production is None else []
+    return out, notes
 
 
 def write_evidence(folder: Path, metrics: Sequence[Metric], data: Sequence[EvalRow], sides: Sequence[Side],
