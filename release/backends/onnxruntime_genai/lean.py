@@ -14,8 +14,9 @@ the vocabulary projection, 0.54 GB at 0.5B), the fp16 weights stay in the mapped
 resident set of a 0.5B forward falls from 2.9 GB to 1.65 GB (1.03 GB of it the mapped weights). The cost is
 a widening of every weight at every forward, so generation runs all prompts as one ragged batch (right
 padded, the KV buffer shared between past and present as onnxruntime-genai's own decoder runs it): one
-forward per new token for all of them. The numbers are the same graph's on the same kernels as an og.Model
-on the CPU provider (greedy tokens identical on the prompts checked; tests/backends cover it).
+forward per new token for all of them. It is the graph og.Model runs on the CPU provider, without the
+optimiser's fusions: logits equal up to fp16 rounding and the same greedy tokens prompt by prompt
+(tests/stages/test_validate.py).
 
 Used for fp16 folders without sliding-window layers on the CPU provider (GenaiModel otherwise); the
 tokenizer is onnxruntime-genai's own, read from the folder without loading the weights.
