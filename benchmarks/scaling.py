@@ -214,6 +214,9 @@ def promote(size: str, precision: str, work: Path) -> dict[str, Any]:
     env = {**os.environ, "MLFLOW_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     run_id = log_run(project, ckpt, project / "data")
+    # Every release is signed: the project's own key pair, as a new project makes it (not timed).
+    subprocess.run([str(RELCTL), "--project-dir", str(project), "keygen", "--if-missing"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
     ckpt_bytes = weights_bytes(ckpt)
     limit = limit_bytes(precision, ckpt_bytes)
     # What relctl itself writes: the work folder and the registered files, not the training run's logged
@@ -345,9 +348,13 @@ def main() -> None:
                 row["floors"]["builder_alone"] = builder_alone(ckpt, precision, args.work)
             else:  # the builder alone does not change with relctl: keep the one measured before, if any
                 kept = json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.is_file() else {}
-                earlier = kept.get(f"{args.label}/{size}/{precision}", {}).get("floors", {}).get("builder_alone")
-                if earlier is not None:
-                    row["floors"]["builder_alone"] = earlier
+                # This label's own first, else the last other label's (named: another session, another load).
+                labels = [args.label, *reversed([k.split("/")[0] for k in kept if k.split("/")[0] != args.label])]
+                for label in labels:
+                    earlier = kept.get(f"{label}/{size}/{precision}", {}).get("floors", {}).get("builder_alone")
+                    if earlier is not None:
+                        row["floors"]["builder_alone"] = {**earlier, "measured_under_label": label}
+                        break
             row["loadavg"] = [load_before, os.getloadavg()]
             shutil.rmtree(args.work / f"{size}-{precision}", ignore_errors=True)
             print(json.dumps(row, indent=2))

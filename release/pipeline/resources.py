@@ -29,9 +29,10 @@ GB = 1 << 30
 MEMORY_FIT: dict[str, tuple[float, int, str]] = {
     "int4": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
     "int8": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
-    # fp16 is validated on onnxruntime's CPU kernels here, which hold fp32 copies of the fp16 weights: the
-    # 0.5B fp16 promote was OOM-killed in validate inside 1.0x + 1 GB (benchmarks/results/scaling.json).
-    "fp16": (2.0, GB, "validate (onnxruntime's CPU kernels widen the fp16 candidate to fp32)"),
+    # fp16 is validated on onnxruntime's CPU kernels, one weight widened to fp32 at a time
+    # (release/backends/onnxruntime_genai/lean.py); before that the 0.5B fp16 promote was OOM-killed in
+    # validate inside 1.0x + 1 GB, its fp32 copies of every weight resident together.
+    "fp16": (1.0, GB, "validate (the fp16 candidate mapped, one weight at a time widened to fp32)"),
     "fp32": (2.2, GB, "convert (onnxruntime reading the fp32 external data)"),
 }
 DISK_SLACK = 256 << 20

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -139,25 +138,56 @@ class ReleaseRun:
                 raise RegistryError(f"this MLflow has no LoggedModel to hold the {kind} model's side files",
                                     hint="use MLflow 3 (relctl pins mlflow>=3.17)")
             for path in flavoured.side_files:
-                MlflowClient().log_model_artifact(str(model_id), str(path))
+                place_model_file(str(model_id), path)
         return LoggedModelRef(str(info.model_uri), model_id, tuple(path.name for path in flavoured.side_files))
 
     def log_files_model(self, files: list[Path], flavour: dict[str, Any]) -> LoggedModelRef:
         """A LoggedModel (linked to this run) whose artifacts are `files` and an MLmodel naming the `relctl`
         flavour: for backends whose engine loads its own folder (no MLflow flavour of its own). Files are
-        copied, never parsed, so registering costs no memory beyond a file copy."""
+        linked or copied (`place_model_file`), never parsed, so registering costs no memory and at most a
+        file copy."""
         client = MlflowClient()
         logged = mlflow.initialize_logged_model(name="model", source_run_id=self.run_id)
+        with _writing("log the model's files"):
+            for path in files:
+                place_model_file(logged.model_id, path)
         with tempfile.TemporaryDirectory(prefix="relctl-model-") as tmp:
             folder = Path(tmp)
-            for path in files:
-                shutil.copy2(path, folder / path.name)
             model = Model(model_id=logged.model_id, run_id=self.run_id)
             model.add_flavor("relctl", **flavour, files=sorted(p.name for p in files))
             model.save(str(folder / "MLmodel"))
             client.log_model_artifacts(logged.model_id, str(folder))
         mlflow.finalize_logged_model(logged.model_id, "READY")
         return LoggedModelRef(f"models:/{logged.model_id}", logged.model_id, tuple(p.name for p in files))
+
+
+def place_model_file(model_id: str, path: Path) -> None:
+    """Put `path` at the root of LoggedModel `model_id`'s artifacts: a hard link when the artifact store is a
+    local folder on the same filesystem (the registry and the release's work folder then share one copy of
+    the weights on disk: relctl never writes a built file in place, its stages write a new folder and rename
+    it), else MLflow's own upload (a copy). Measured: benchmarks/scaling.py, docs/disk-and-memory.md."""
+    client = MlflowClient()
+    target = _local_folder(str(client.get_logged_model(model_id).artifact_location))
+    if target is not None:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            os.link(path, target / path.name)
+            return
+        except OSError:  # another filesystem (EXDEV), links not allowed, a name already there: copy instead
+            (target / path.name).unlink(missing_ok=True)
+    client.log_model_artifact(model_id, str(path))
+
+
+def _local_folder(uri: str) -> Path | None:
+    """The folder a `file:` (or plain path) artifact location names; None for a remote store."""
+    from urllib.parse import unquote, urlparse  # noqa: PLC0415
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost"):
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and uri.startswith("/"):
+        return Path(uri)
+    return None
 
 
 @dataclass(frozen=True)

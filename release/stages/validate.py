@@ -186,8 +186,12 @@ def greedy_metrics(
     identical = 0
     prefix_shares: list[float] = []
     samples: list[dict[str, Any]] = []
-    for prompt, ref in zip(prompts, continuations, strict=True):
-        cand = candidate.generate(prompt, max_new_tokens).token_ids
+    batch = getattr(candidate, "generate_batch", None)
+    if batch is not None:  # an engine that generates for every prompt in one pass (one weight read a token)
+        generated = batch([candidate.encode(p) for p in prompts], max_new_tokens)
+    else:
+        generated = [candidate.generate(p, max_new_tokens).token_ids for p in prompts]
+    for prompt, ref, cand in zip(prompts, continuations, generated, strict=True):
         identical += ref == cand
         matched = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b), min(len(ref), len(cand)))
         prefix_shares.append(matched / max(len(ref), len(cand), 1))

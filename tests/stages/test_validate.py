@@ -6,11 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnxruntime_genai as og
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from release.backends import get_backend
+from release.backends.onnxruntime_genai.lean import LeanCpuModel
+from release.backends.onnxruntime_genai.model import GenaiModel
 from release.config import ValidationConfig
 from release.core.errors import EXIT_STAGE_FAILED, InputError, StageFailed
 from release.stages.convert import convert
@@ -160,3 +163,24 @@ def test_load_prompts_refuses_bad_files(tmp_path: Path, content: str | None, mes
     with pytest.raises(InputError, match=message) as info:
         load_prompts(path)
     assert info.value.hint
+
+
+def test_fp16_on_the_cpu_runs_lean_with_the_engines_tokens_and_logits(builds: dict[str, Path],
+                                                                      prompts: list[str]) -> None:
+    """The fp16 (CUDA-built) candidate is validated on ONNX Runtime's CPU kernels one weight widened at a time
+    (release/backends/onnxruntime_genai/lean.py; its memory: benchmarks/scaling.py): the same tokenizer, the
+    same greedy tokens as og.Model's generator, prompt by prompt, though generated as one ragged batch, and
+    the same logits up to fp16 rounding (the usual load lets the optimiser fuse the fp16 kernels)."""
+    backend = get_backend("onnxruntime-genai")
+    lean = backend.load(builds["fp16"])
+    assert isinstance(lean, LeanCpuModel)
+    assert isinstance(backend.load(builds["int4"]), GenaiModel)  # only fp16 graphs take the lean path
+    full = GenaiModel.load(builds["fp16"])
+    chosen = [*prompts[:4], f"{prompts[0]} {prompts[1]}"]  # one longer than the rest: a ragged batch
+    ids = [lean.encode(p) for p in chosen]
+    assert ids == [full.encode(p) for p in chosen] and len({len(i) for i in ids}) > 1
+    generated = lean.generate_batch(ids, 8)
+    assert generated == [full.generate_ids(i, 8) for i in ids]
+    assert lean.generate(chosen[0], 8).token_ids == generated[0]
+    for prompt_ids, tokens in zip(ids, generated, strict=True):
+        np.testing.assert_allclose(lean.logits(prompt_ids + tokens), full.logits(prompt_ids + tokens), atol=2e-2)

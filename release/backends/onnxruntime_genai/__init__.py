@@ -117,8 +117,11 @@ class OnnxruntimeGenaiBackend(Backend):
         return ExportResult(versions=tool_versions(), tokenizer_parity=parity, notes=notes)
 
     def load(self, model_dir: Path, execution_provider: str = "cpu") -> LoadedModel:
+        from release.backends.onnxruntime_genai.lean import LeanCpuModel, runs_lean  # noqa: PLC0415
         from release.backends.onnxruntime_genai.model import GenaiModel  # noqa: PLC0415 - native libraries
 
+        if runs_lean(model_dir, execution_provider):  # fp16 on the CPU kernels: no fp32 copy of the weights
+            return LeanCpuModel(model_dir)
         return GenaiModel.load(model_dir, execution_provider)
 
     def load_reference(self, model_dir: Path) -> LoadedModel:
