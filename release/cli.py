@@ -98,16 +98,28 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @click.option("--keep-going", is_flag=True,
               help="Run every gate even after one failed (default: the later gates are skipped, the release "
                    "is blocked either way).")
+@click.option("--onto", metavar="MODEL@ALIAS|MODEL/VERSION",
+              help="Release the run's LoRA adapter onto this serving base, unmerged (docs/adapters.md); --model "
+                   "names the adapter's registered model (default BASE-EXPERIMENT).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, summary_path: Path | None, keep_going: bool, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.pipeline.progress import Progress
 
     ctx.as_json = as_json
+    if onto is not None:  # an adapter release: its own flow (release/adapters)
+        from release.adapters.api import promote_onto
+
+        adapter = promote_onto(run_id, onto, ctx.project_dir, config_path, {}, model_name, dry_run,
+                               Progress(quiet=ctx.quiet))
+        emit(adapter.to_dict(), as_json, lambda: click.echo(
+            f"{adapter.model} v{adapter.version} is production on {adapter.base['model']} v{adapter.base['version']}"
+            if adapter.version else f"{adapter.model}: {adapter.outcome} (nothing registered)"))
+        return
     overrides: dict[str, Any] = {}
     if precision:
         overrides["convert.precision"] = precision

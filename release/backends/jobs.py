@@ -66,6 +66,8 @@ class Job:
     events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     admitted: float = field(default_factory=time.monotonic)
+    # The engine's name of the LoRA adapter to run with (an AdapterRunner's load_adapter name); None: the base.
+    adapter: str | None = None
 
     def emit(self, event: str | Finished) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
