@@ -212,15 +212,29 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
 @click.option("--reason", default="manual rollback", show_default=True, help="Recorded in the alias history.")
 @click.option("--allow-unreleased", is_flag=True,
               help="Allow a target that never passed its gates (rejected, stopped, registering); recorded.")
+@click.option("--server", "server_url", metavar="URL",
+              help="An adapter's rollback: then switch the adapter on this running base (relctl serve --adapters; "
+                   "RELCTL_API_KEY), no base restart.")
+@click.option("--strand-adapters", is_flag=True,
+              help="Roll a base back even though production adapters were built for the version it leaves.")
 @json_option
 @click.pass_obj
 @handled
 def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_unreleased: bool,
-             as_json: bool) -> None:
+             server_url: str | None, strand_adapters: bool, as_json: bool) -> None:
     """Move MODEL's production alias back to the version it replaced, in one step."""
+    import os
+
     from release.commands import api
 
-    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
+    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased,
+                        strand_adapters=strand_adapters)
+    if server_url:
+        from release.adapters.rollback import reload_on_server
+
+        reloaded = reload_on_server(server_url, model, os.environ.get("RELCTL_API_KEY"))
+        click.echo(f"{server_url} serves {model} v{reloaded['version']} (was v{reloaded['replaced']}; switched in "
+                   f"{reloaded['seconds']:.2f}s, the base kept serving)", err=True)
     frm, to = move.changes["production"]
     engines = api.engine_labels(model, ctx.project_dir)
     shown = {v: engines.get(v, "engine not recorded") for v in (frm, to) if v is not None}
