@@ -116,6 +116,10 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     seen = registry.aliases(model)
     guess = to_version or seen.get(PREVIOUS)
     if guess is not None and guess != seen.get(PRODUCTION):
+        if not strand_adapters:  # before the download: refused in seconds (and again under the lock)
+            from release.adapters.rollback import refuse_stranding  # noqa: PLC0415
+
+            refuse_stranding(registry, model, seen.get(PRODUCTION), guess)
         verify(guess)
 
     def decide(aliases: dict[str, str]) -> dict[str, str | None]:

@@ -102,3 +102,26 @@ def test_what_cannot_be_proven_is_refused_before_any_download(tiny_run: Any, pro
     untagged = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}/2", "--json")
     assert untagged.exit_code == 2 and T.TRAINING_BASE_SHA256 in untagged.stderr
     assert json.loads(relctl(project_dir, "status", BASE, "--json").stdout)["aliases"]["production"]["version"] == "2"
+
+
+def adapter_version(project: Path, name: str, base_version_number: str, digest: str) -> None:
+    store = resolve_store(project)
+    connect(store)
+    registry = Registry(store)
+    with mlflow.start_run(experiment_id=ensure_experiment(store, "releases")) as run:
+        pass
+    registry.ensure_model(name, "test")
+    tags = {T.RELEASE_RUN: run.info.run_id, T.BACKEND: "vllm", T.KIND: "adapter", T.BASE_MODEL: BASE,
+            T.BASE_VERSION: base_version_number, T.BASE_SHA256: digest}
+    mv = registry.create_version(name, run.info.artifact_uri + "/package", run.info.run_id, tags, "adapter")
+    promote_version(registry, name, str(mv.version), "test adapter", run.info.run_id)
+
+
+def test_a_base_rollback_that_would_strand_adapters_is_refused(project_dir: Path) -> None:
+    base_version(project_dir, "sha256:" + "11" * 32)
+    v2 = base_version(project_dir, "sha256:" + "22" * 32)
+    adapter_version(project_dir, f"{BASE}-support", v2, "sha256:" + "22" * 32)
+    result = relctl(project_dir, "rollback", BASE)
+    assert result.exit_code == 2, result.output
+    assert f"{BASE}-support" in result.stderr and "--strand-adapters" in result.stderr
+    assert Registry(resolve_store(project_dir)).aliases(BASE)["production"] == v2   # nothing moved
