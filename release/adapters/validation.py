@@ -3,7 +3,7 @@ against the merged fp32 reference (PyTorch eager on base + adapter folded exactl
 
 The comparison is validation's own (release/stages/validate.py: top-1 agreement, KL, perplexity, greedy
 agreement); only the defaults are stricter, because base and adapter are the same weights either way: an
-unmerged LoRA that differs from its merge is the engine bug class (vLLM #5148, #10798, #42488), not noise.
+unmerged LoRA that differs from its merge is an engine bug (issue 30 names four), not noise.
 """
 
 from __future__ import annotations
