@@ -81,7 +81,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     project = root / "project"
     project.mkdir()
     (project / "release.yaml").write_text("model: tiny-llm\nconvert:\n  backend: vllm\n  precision: fp32\n")
-    trained = tinyllm.train_tiny_llm(root / "trained", tinyllm.every_engine(base_steps=40, lora_steps=30))
+    trained = tinyllm.train_tiny_llm(root / "trained", tinyllm.every_engine(base_steps=12, lora_steps=12))
     runs = {
         "base": train.log_run(variant(trained, root / "base", None), project, experiment=BASE),
         "support": train.log_run(trained, project, experiment="support"),
@@ -149,6 +149,14 @@ def test_the_base_serves_both_adapters_by_name(story: dict[str, Any]) -> None:
     assert other["x-relctl-adapter"] == f"{BASE}-other"
     listed = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()["data"]
     assert {m["id"] for m in listed} >= {f"{BASE}-support", f"{BASE}-other"}
+    # From the answer back to the adapter's training run, through the headers it carried.
+    saved = story["project"] / "headers.txt"
+    saved.write_text("".join(f"{k}: {v}\n" for k, v in headers.items()))
+    traced = relctl(story["project"], "trace", str(saved), "--json")
+    assert traced.returncode == 0, traced.stderr[-2000:]
+    chain = json.loads(traced.stdout)
+    assert chain["model"] == f"{BASE}-support" and chain["training_run"]["id"] == story["runs"]["support"]
+    assert chain["adapter_of"]["model"] == BASE and chain["integrity"]["ok"] is True
     # The admin paths take the server's key and nothing else.
     assert httpx.get(f"{url}/admin/adapters").status_code == 401
 

@@ -104,7 +104,8 @@ def test_what_cannot_be_proven_is_refused_before_any_download(tiny_run: Any, pro
     assert json.loads(relctl(project_dir, "status", BASE, "--json").stdout)["aliases"]["production"]["version"] == "2"
 
 
-def adapter_version(project: Path, name: str, base_version_number: str, digest: str) -> None:
+def adapter_version(project: Path, name: str, base_version_number: str, digest: str,
+                    training_run: str | None = None) -> None:
     store = resolve_store(project)
     connect(store)
     registry = Registry(store)
@@ -113,6 +114,8 @@ def adapter_version(project: Path, name: str, base_version_number: str, digest: 
     registry.ensure_model(name, "test")
     tags = {T.RELEASE_RUN: run.info.run_id, T.BACKEND: "vllm", T.KIND: "adapter", T.BASE_MODEL: BASE,
             T.BASE_VERSION: base_version_number, T.BASE_SHA256: digest}
+    if training_run:
+        tags[T.TRAINING_RUN] = training_run
     mv = registry.create_version(name, run.info.artifact_uri + "/package", run.info.run_id, tags, "adapter")
     promote_version(registry, name, str(mv.version), "test adapter", run.info.run_id)
 
@@ -125,3 +128,23 @@ def test_a_base_rollback_that_would_strand_adapters_is_refused(project_dir: Path
     assert result.exit_code == 2, result.output
     assert f"{BASE}-support" in result.stderr and "--strand-adapters" in result.stderr
     assert Registry(resolve_store(project_dir)).aliases(BASE)["production"] == v2   # nothing moved
+
+
+def test_trace_goes_from_an_adapters_answer_to_its_training_run(project_dir: Path, tmp_path: Path) -> None:
+    store = resolve_store(project_dir)
+    connect(store)
+    with mlflow.start_run(experiment_id=ensure_experiment(store, "support")) as training:
+        pass
+    digest = "sha256:" + "33" * 32
+    base = base_version(project_dir, digest)
+    adapter_version(project_dir, f"{BASE}-support", base, digest, training_run=training.info.run_id)
+    headers = tmp_path / "headers.txt"
+    headers.write_text(f"HTTP/1.1 200 OK\nx-relctl-model: {BASE}\nx-relctl-version: {base}\n"
+                       f"x-relctl-serving-config: abc\nx-relctl-adapter: {BASE}-support\nx-relctl-adapter-version: 1\n")
+    result = relctl(project_dir, "trace", str(headers), "--json")
+    chain = json.loads(result.stdout)
+    assert chain["model"] == f"{BASE}-support" and chain["version"] == "1"
+    assert chain["training_run"]["id"] == training.info.run_id
+    assert chain["adapter_of"] == {"model": BASE, "version": base, "base_sha256": digest}
+    # These versions are tags only (no package): trace says the integrity check failed, exit 1.
+    assert result.exit_code == 1 and chain["integrity"]["ok"] is False
