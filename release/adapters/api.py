@@ -8,7 +8,7 @@ from typing import Any
 
 from release.adapters.release import AdapterReport
 from release.adapters.target import parse_target
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 
 
 def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | None,

@@ -27,14 +27,14 @@ from release.config import ReleaseConfig
 from release.core.errors import Blocked, InputError
 from release.core.model_name import check_model_name
 from release.core.package import build_package
+from release.core.progress import Progress
 from release.core.weights_digest import base_digest
-from release.pipeline.lineage import checkpoint_lineage, training_lineage
-from release.pipeline.progress import Progress
-from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.versions import fetch_package
 from release.signing.keys import SigningKey, Trust
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
+from release.stages.lineage import checkpoint_lineage, training_lineage
 from release.stages.register import RegisterInputs, RegisterStage, content_sha256
 from release.stages.validate import load_prompts
 

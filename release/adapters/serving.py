@@ -125,7 +125,7 @@ def adapter_setup(registry: Registry, base_model: str, base_version: str, cache:
                   warn: Callable[[str], None]) -> AdapterSetup:
     """The production adapters built for `base_model` v`base_version`, fetched and verified into `cache`, and
     the fetcher later loads go through (the same checks)."""
-    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - signing and the package checks
+    from release.registry.versions import fetch_package  # noqa: PLC0415 - signing and the package checks
 
     base = registry.get_version(base_model, base_version)
     if base.tags.get(T.KIND) == KIND:
