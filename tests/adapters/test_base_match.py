@@ -19,7 +19,7 @@ from release.core.weights_digest import folder_base_digest
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.store import connect, ensure_experiment, resolve_store
-from release.stages.register import promote_version
+from release.registry.transitions import promote as promote_version
 from tests.conftest import load_train_module
 
 BASE = "tiny-llm"
