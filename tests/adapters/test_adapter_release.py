@@ -32,6 +32,8 @@ from release.backends import get_backend
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.store import resolve_store
+from release.registry.versions import fetch_package
+from release.signing.keys import project_trust
 from tests.conftest import load_tinyllm, load_train_module
 
 pytestmark = pytest.mark.slow
@@ -129,9 +131,11 @@ def test_adapter_released_onto_the_served_base_without_merging(story: dict[str, 
     assert mv.tags[T.KIND] == "adapter" and mv.tags[T.BASE_VERSION] == "1"
     assert mv.tags[T.BASE_SHA256] == base.tags[T.BASE_SHA256]
     assert mv.tags[T.SIGNED_BY] != "unsigned"
-    # The adapter alone: no base weights in its package.
-    listed = registry.list_artifacts(mv.run_id or "", "package/model")
-    assert sorted(p.rsplit("/", 1)[-1] for p in listed) == ["adapter_config.json", "adapter_model.safetensors"]
+    # The adapter alone: no base weights in its package (fetched and verified as serve and rollback do).
+    package = fetch_package(registry, f"{BASE}-support", report["version"], story["project"] / "fetched",
+                            trust=project_trust(story["project"]))
+    assert sorted(p.name for p in package.model_dir.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert package.data["kind"] == "adapter" and package.data["base"]["version"] == "1"
     other = story["other"]
     assert other.returncode == 0, other.stderr[-2000:]
     assert json.loads(other.stdout)["model"] == f"{BASE}-other"
