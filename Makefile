@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[models,dev]'
+	$(BIN)/pip install -q -e '.[models,dev,harness]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,6 +5,10 @@ the greedy generation with `expected` after stripping; token accuracy and perple
 of `separator + expected` (+ EOS) under teacher forcing. Production's metrics come from its version
 tags when they were measured on an eval set with the same sha256, else they are computed here on the
 production package in the same run.
+
+With `margins`, the candidate is also compared with production and with the fp32 reference (where the
+release built one) sample by sample, per metric, against a non-inferiority margin (gates/eval_paired.py,
+gates/paired.py): inferior fails the gate, too few rows to decide is "underpowered", which never passes.
 """
 
 from __future__ import annotations
@@ -12,13 +16,29 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
 from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.eval_paired import (
+    BASELINES,
+    PAIRED_FILE,
+    Baseline,
+    Comparison,
+    Side,
+    compare_sides,
+    harness_comparisons,
+    harness_of,
+    margin_problems,
+    paired_status,
+    write_evidence,
+    write_paired,
+)
+from gates.harness.config import HarnessTask, task_problems
+from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
 from gates.thresholds import MetricThreshold, check_metric
@@ -41,6 +61,18 @@ class EvalConfig(BaseModel):
     max_new_tokens: int = Field(default=16, ge=1, le=1024)
     separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
     expectations: DataRules = DataRules()
+    # --- paired comparison (issue 29 step 3; gates/eval_paired.py) ---
+    margins: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
+        default_factory=dict, description="non-inferiority margin per metric, in its per-sample units "
+        "(exact_match 0.02 = two points; perplexity: nats of mean NLL per token); see docs/paired-eval.md")
+    against: list[Baseline] = Field(
+        default_factory=lambda: list(BASELINES), min_length=1,
+        description="what the margins compare the candidate with: production, and the fp32 reference where "
+                    "the release built one")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="two-sided level of the intervals")
+    # --- end paired comparison ---
+    tasks: list[HarnessTask] = Field(default_factory=list, description="standard eval tasks (lm-eval, Inspect) run "
+                                                                       "through the served candidate and production")
 
     @field_validator("metrics")
     @classmethod
@@ -59,6 +91,16 @@ class EvalConfig(BaseModel):
                                        f"(metrics: {', '.join(self.metrics)})")
         return self
 
+    @field_validator("margins")
+    @classmethod
+    def _margins_not_negative(cls, margins: dict[str, float]) -> dict[str, float]:
+        for name, margin in margins.items():
+            if margin < 0:
+                raise ConfigError(f"release.yaml: gates.eval.margins.{name}: {margin:g} is negative",
+                                  hint="a margin is how much worse than the baseline the candidate may be: a "
+                                       "number >= 0 in the metric's units (exact_match: 0.02 = two points)")
+        return margins
+
 
 class EvalGate:
     """Scores the candidate (and production, when needed) on the eval set and checks the thresholds."""
@@ -72,12 +114,15 @@ class EvalGate:
     @property
     def bounded(self) -> bool:
         """Whether any metric has a bound: with none the gate checks nothing, whatever the model scores."""
-        return any(t.threshold is not None or t.min_absolute_change is not None or t.min_relative_change is not None
-                   for t in self.config.thresholds.values())
+        return bool(self.config.margins) or any(
+            t.threshold is not None or t.min_absolute_change is not None or t.min_relative_change is not None
+            for t in self.config.thresholds.values())
 
     def preflight(self, config_dir: Path | None) -> list[Problem]:
         found = missing_file("gates.eval.dataset", self.config.dataset, config_dir) if self.config.dataset else None
         problems = [found] if found else []
+        problems += self._margin_problems()
+        problems += task_problems(self.config.tasks, config_dir)
         if not self.bounded:
             # Refused before any stage (check and promote): a gate that cannot fail must never read "pass".
             problems.append(Problem("release.yaml: gates.eval sets no thresholds, so the eval gate would pass "
@@ -86,44 +131,118 @@ class EvalGate:
                                     "or remove the gates.eval block"))
         return problems
 
+    def _margin_problems(self) -> list[Problem]:
+        return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics),
+                               frozenset(t.harness for t in self.config.tasks))
+
     def run(self, context: GateContext) -> GateResult:
         path = context.resolve(self.config.dataset) if self.config.dataset else context.eval_dataset
         if path is None:
             raise InputError("eval gate: no eval set",
                              hint="set gates.eval.dataset or log data/eval.jsonl with the run")
+        problems = self._margin_problems()  # `relctl gate` runs no preflight: refuse them here too
+        if problems:
+            raise ConfigError(problems[0].message, hint=problems[0].hint)
         data = load_eval_set(path, self.config.expectations)
         metrics = resolve_metrics(self.config.metrics)
         rows = score_rows(load_package_model(context.package_dir), data.rows, self.config, _needs_logits(metrics))
         values = {m.name: m.compute(rows) for m in metrics}
-        production, source = self._production_metrics(context, data, metrics)
+        production, source, production_rows = self._production_metrics(context, data, metrics)
         checks, skipped = self._check(metrics, values, production)
         evidence = context.work_dir / EVIDENCE_FILE
         _write_predictions(evidence, data.rows, rows)
+        harness = run_tasks(self.config.tasks, context.package_dir,
+                            context.production.package_dir if context.production else None,
+                            context.work_dir / "harness", context.config_dir) if self.config.tasks else None
         failing = [_example(row, scored) for row, scored in zip(data.rows, rows, strict=True) if not _correct(scored)]
-        # Run on its own (`relctl gate eval` without thresholds) the gate measures, but it has evaluated nothing.
-        status: GateStatus = "skipped" if not self.bounded else "pass" if all(c.passed for c in checks) else "fail"
-        reason = (f"not evaluated: {len(rows)} rows measured, but gates.eval sets no thresholds to check them "
-                  "against" if not self.bounded else _reason(checks, skipped, len(rows)))
+        # --- paired comparison (issue 29 step 3) ---
+        comparisons, paired_evidence, paired_skipped = self._paired(context, data, metrics, rows, production_rows)
+        skipped += paired_skipped
+        if harness is not None:  # margins on the harness tasks' metrics: candidate vs production, by sample id
+            label = _production_label(context.production) if context.production else "production"
+            found, notes = harness_comparisons(self.config.margins, harness.scores("candidate"),
+                                               harness.scores("production") if harness.production else None,
+                                               label, self.config.confidence)
+            comparisons, skipped = comparisons + found, skipped + notes
+            if found:
+                write_paired(context.work_dir / PAIRED_FILE, comparisons)
+                paired_evidence = list(dict.fromkeys([*paired_evidence, context.work_dir / PAIRED_FILE]))
+        # --- end paired comparison ---
+        status, reason = self._verdict(checks, skipped, comparisons, len(rows))
         return GateResult(
             gate=self.id, status=status,
-            reason=reason, metrics=values, thresholds=checks, evidence=[evidence],
+            reason=reason, metrics=values, thresholds=checks,
+            evidence=[evidence, *paired_evidence, *([harness.samples_file] if harness else [])],
             details={"dataset": str(path), "dataset_sha256": data.sha256, "rows": len(rows),
                      "production_version": context.production.version if context.production else None,
                      "production_metrics": production, "production_source": source,
-                     "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES]},
+                     "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
+                     "paired": [c.as_dict() for c in comparisons],
+                     "harness": harness.record() if harness else None},
         )
 
-    def _production_metrics(self, context: GateContext, data: EvalSet,
-                            metrics: list[Metric]) -> tuple[dict[str, float] | None, str | None]:
-        """Production's values on this very eval set: from its tags when the digest matches, else computed."""
+    def _verdict(self, checks: list[ThresholdCheck], skipped: list[str], comparisons: list[Comparison],
+                 rows: int) -> tuple[GateStatus, str]:
+        # Run on its own (`relctl gate eval` without thresholds) the gate measures, but it has evaluated nothing.
+        if not self.bounded:
+            return "skipped", (f"not evaluated: {rows} rows measured, but gates.eval sets no thresholds to check "
+                               "them against")
+        if not checks and not comparisons and not self.config.thresholds:
+            return "skipped", (f"not evaluated: {rows} rows measured, but the margins had nothing to compare "
+                               "with (no production version, no fp32 reference)")
+        thresholds: GateStatus = "pass" if all(c.passed for c in checks) else "fail"
+        paired = paired_status(comparisons)
+        status: GateStatus = "fail" if "fail" in (thresholds, paired) else paired
+        lines = [c.describe() for c in comparisons]
+        # What decided first: failed thresholds, then comparisons that did not pass, then the rest.
+        undecided = [c.describe() for c in comparisons if not c.result.passed]
+        if thresholds == "fail":
+            return status, "; ".join([_reason(checks, skipped, rows), *undecided])
+        if status != "pass":
+            return status, "; ".join(undecided)
+        return status, "; ".join([_reason(checks, skipped, rows), *lines])
+
+    def _paired(self, context: GateContext, data: EvalSet, metrics: list[Metric], rows: list[ScoredRow],
+                production_rows: list[ScoredRow] | None) -> tuple[list[Comparison], list[Path], list[str]]:
+        """Candidate vs each baseline per margin; (comparisons, evidence files, notes on baselines left out)."""
+        if not any(harness_of(name) is None for name in self.config.margins):
+            return [], [], []
+        needs = _needs_logits(metrics)
+        baselines: list[Side] = []
+        notes: list[str] = []
+        if "production" in self.config.against:
+            if context.production is None:
+                notes.append("no production version: paired comparison with production skipped")
+            else:
+                if production_rows is None:  # recorded numbers have no per-row values: score production here
+                    production_rows = score_rows(load_package_model(context.production.package_dir), data.rows,
+                                                 self.config, needs)
+                baselines.append(Side("production", _production_label(context.production), production_rows))
+        if "reference" in self.config.against:
+            if context.load_reference is None:
+                notes.append("no fp32 reference in this run: paired comparison with the reference skipped")
+            else:
+                baselines.append(Side("reference", "fp32 reference",
+                                      score_rows(context.load_reference(), data.rows, self.config, needs)))
+        candidate = Side("candidate", "candidate", rows)
+        comparisons = compare_sides(metrics, self.config.margins, data.rows, candidate, baselines,
+                                    self.config.confidence)
+        evidence = write_evidence(context.work_dir, metrics, data.rows, [candidate, *baselines], comparisons)
+        return comparisons, evidence, notes
+
+    def _production_metrics(self, context: GateContext, data: EvalSet, metrics: list[Metric]
+                            ) -> tuple[dict[str, float] | None, str | None, list[ScoredRow] | None]:
+        """Production's values on this very eval set: from its tags when the digest matches (and no margin
+        needs its per-row values), else computed; with its scored rows when computed."""
         if context.production is None:
-            return None, None
+            return None, None, None
         recorded = _recorded_metrics(context.production, data.sha256, metrics)
-        if recorded is not None:
-            return recorded, "recorded"
+        if recorded is not None and not (any(harness_of(n) is None for n in self.config.margins)
+                                        and "production" in self.config.against):
+            return recorded, "recorded", None
         model = load_package_model(context.production.package_dir)
         rows = score_rows(model, data.rows, self.config, _needs_logits(metrics))
-        return {m.name: m.compute(rows) for m in metrics}, "computed"
+        return {m.name: m.compute(rows) for m in metrics}, "computed", rows
 
     def _check(self, metrics: list[Metric], values: dict[str, float],
                production: dict[str, float] | None) -> tuple[list[ThresholdCheck], list[str]]:
@@ -166,6 +285,11 @@ def _teacher_forced(model: LoadedModel, row: EvalRow,
     picked = log_probs[np.arange(len(targets)), targets]
     hits = logits.argmax(axis=1) == targets
     return tuple(float(v) for v in picked), tuple(bool(h) for h in hits)
+
+
+def _production_label(production: ProductionRef) -> str:
+    version = production.version  # a registry version, or `relctl gate --baseline`'s label
+    return f"production v{version}" if version.isdigit() else f"production {version}"
 
 
 def _needs_logits(metrics: list[Metric]) -> bool:

@@ -6,7 +6,10 @@ Built-ins register through the `relctl.metrics` entry-point group, like a third-
     bleu = "mypkg.metrics:Bleu"
 
 A metric class has a `name`, `greater_is_better` (the default direction of its thresholds),
-`needs_logits` (whether rows must carry teacher-forced target scores) and `compute(rows)`.
+`needs_logits` (whether rows must carry teacher-forced target scores) and `compute(rows)`. A metric that
+can be compared sample by sample (`gates.eval.margins`, gates/paired.py) also has `sample_kind` ("binary"
+or "continuous") and `score_sample(row)`: its value on one eval row, the paired unit (rows are the
+independent draws; a row's tokens are not).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import ClassVar, Protocol, TypeVar
 
+from gates.samples import SampleKind
 from release.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "relctl.metrics"
@@ -60,6 +64,12 @@ class ExactMatch:
     def compute(self, rows: Sequence[ScoredRow]) -> float:
         return sum(r.output.strip() == r.expected.strip() for r in rows) / len(rows)
 
+    sample_kind: ClassVar[SampleKind] = "binary"
+
+    def score_sample(self, row: ScoredRow) -> float:
+        """1 when this row's answer is exactly right, else 0."""
+        return float(row.output.strip() == row.expected.strip())
+
 
 class TokenAccuracy:
     """Teacher-forced next-token accuracy over the tokens of `expected`, pooled over all rows."""
@@ -70,6 +80,13 @@ class TokenAccuracy:
 
     def compute(self, rows: Sequence[ScoredRow]) -> float:
         hits = [h for r in rows for h in _require(r.target_hits, self.name)]
+        return sum(hits) / len(hits) if hits else 0.0
+
+    sample_kind: ClassVar[SampleKind] = "continuous"
+
+    def score_sample(self, row: ScoredRow) -> float:
+        """This row's share of target tokens predicted (every row weighs the same, unlike the pooled value)."""
+        hits = _require(row.target_hits, self.name)
         return sum(hits) / len(hits) if hits else 0.0
 
 
@@ -85,6 +102,20 @@ class Perplexity:
         if not logprobs:
             return math.inf
         return math.exp(-sum(logprobs) / len(logprobs))
+
+    sample_kind: ClassVar[SampleKind] = "continuous"
+
+    def score_sample(self, row: ScoredRow) -> float:
+        """This row's mean negative log-likelihood per target token (nats): the log of its perplexity, so a
+        margin m on it tolerates a perplexity about exp(m) times production's (0.01: about 1 %)."""
+        logprobs = _require(row.target_logprobs, self.name)
+        return -sum(logprobs) / len(logprobs) if logprobs else math.inf
+
+
+def per_sample(metric: Metric) -> SampleKind | None:
+    """The metric's per-sample kind, or None when it has no per-sample form (it cannot take a margin)."""
+    kind = getattr(metric, "sample_kind", None)
+    return kind if kind in ("binary", "continuous") and callable(getattr(metric, "score_sample", None)) else None
 
 
 def _require(values: tuple[T, ...] | None, metric: str) -> tuple[T, ...]:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel
@@ -99,6 +99,19 @@ class LoadedModel(Protocol):
         """Teacher-forced logits for `ids`, shape (len(ids), vocab), float32. Log-probabilities qualify (a
         per-row constant changes no softmax); an engine that returns only the top-k log-probabilities per
         position fills the rest with the remaining mass spread evenly (release/backends/vllm/model.py)."""
+
+
+@dataclass(frozen=True)
+class LogprobSupport:
+    """What `relctl serve`'s /v1/completions returns beside text for this engine's packages, declared by the
+    backend: `generated`: `logprobs` (each generated token's log-probability and its top-k alternatives);
+    `prompt`: `echo` with `logprobs` (the prompt's tokens scored too, as lm-eval's log-likelihood tasks ask).
+    Both come from the engine's own logits through its runner (a `ScoringRunner`). `why_not`: the reason a
+    request for what it lacks is refused with (a 400 naming the backend and the field)."""
+
+    generated: bool = False
+    prompt: bool = False
+    why_not: str = "its runner reports no log-probabilities"
 
 
 class BatchProbe(Protocol):
@@ -179,6 +192,18 @@ class AdapterRunner(Runner, Protocol):
         """Load the adapter built by `export_adapter` in `folder` under `name` (a new name: loads never replace)."""
 
     def unload_adapter(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class ScoringRunner(Protocol):
+    """A Runner whose backend declares `LogprobSupport`: for a job whose params ask for `logprobs`, its
+    `decode_loop` fills `job.prompt_scores` (with `echo`) and `job.output_scores` from the engine's logits,
+    and these turn its token ids back into text for the response."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's own text (OpenAI's `tokens`; a byte-level token may be part of a character)."""
 
 
 @dataclass(frozen=True)
@@ -326,6 +351,9 @@ class Backend(ABC):
     # Whether validation's reference is the merged checkpoint itself (`load_reference(checkpoint)`, computed
     # once by the reference stage) rather than an fp32 build of this backend (`load_reference(build)`).
     reference_from_checkpoint: ClassVar[bool] = False
+    # Which log-probabilities relctl serve returns for its packages (`logprobs`, `echo`); the default refuses
+    # both with a 400 that says why.
+    logprobs: ClassVar[LogprobSupport] = LogprobSupport()
 
     # -- what it takes ---------------------------------------------------------------------------
     @abstractmethod

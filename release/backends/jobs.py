@@ -24,6 +24,14 @@ class GenerationParams:
     seed: int | None
     stop: tuple[str, ...]
     ignore_eos: bool
+    # OpenAI completions' `logprobs` (top-k alternatives per token; None: no log-probabilities) and `echo`
+    # (the prompt's tokens scored too). A scored request runs on the runner's own token loop.
+    logprobs: int | None = None
+    echo: bool = False
+
+    @property
+    def scored(self) -> bool:
+        return self.logprobs is not None
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,16 @@ class Finished:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class TokenScore:
+    """One token's log-probability under the model (None: a sequence's first token, which nothing predicts)
+    and the `top` k most likely tokens at its position, (token id, log-probability), most likely first."""
+
+    token: int
+    logprob: float | None
+    top: tuple[tuple[int, float], ...] | None
+
+
 @dataclass
 class Job:
     prompt_ids: list[int]
@@ -68,6 +86,9 @@ class Job:
     admitted: float = field(default_factory=time.monotonic)
     # The engine's name of the LoRA adapter to run with (an AdapterRunner's load_adapter name); None: the base.
     adapter: str | None = None
+    # Filled by a ScoringRunner's token loop when params.scored, read once the job has finished.
+    prompt_scores: list[TokenScore] = field(default_factory=list)
+    output_scores: list[TokenScore] = field(default_factory=list)
 
     def emit(self, event: str | Finished) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)

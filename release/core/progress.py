@@ -64,11 +64,11 @@ class Progress:
             self.console.print(f"… {name:<12} still running, {time.monotonic() - started:.0f}s")
 
     def done(self, name: str, seconds: float, summary: str, skipped: bool = False, outcome: str = "pass") -> None:
-        """A finished step. `outcome`: "pass" (✓), "fail" (✗: a gate that refused, never a green tick) or
-        "skipped" (○: a gate that did not run)."""
+        """A finished step. `outcome`: "pass" (✓), "fail" (✗: a gate that refused, never a green tick; so is
+        "underpowered" and any outcome this table does not know) or "skipped" (○: a gate that did not run)."""
         if self.quiet:
             return
-        mark = "[dim]↺[/dim]" if skipped else MARKS.get(outcome, MARKS["pass"])
+        mark = "[dim]↺[/dim]" if skipped else MARKS.get(outcome, MARKS["fail"])
         note = " (resumed)" if skipped else ""
         self.console.print(f"{mark} {name:<12} {seconds:6.1f}s  {summary}{note}")
 

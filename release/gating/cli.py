@@ -9,6 +9,7 @@ import click
 
 from release.commands.support import Ctx, emit, handled, json_option
 from release.core.errors import EXIT_BLOCKED
+from release.gating.contract import blocks
 
 
 @click.command("gate")
@@ -27,7 +28,7 @@ from release.core.errors import EXIT_BLOCKED
 @handled
 def gate(ctx: Ctx, gate_id: str, package_dir: Path, config_path: Path | None, eval_dataset: Path | None,
          baseline_dir: Path | None, out_dir: Path | None, as_json: bool) -> None:
-    """Run gate GATE_ID on PACKAGE_DIR; exit 0 on pass or skipped, 1 on fail, 2 on bad input."""
+    """Run gate GATE_ID on PACKAGE_DIR; exit 0 on pass or skipped, 1 on fail or underpowered, 2 on bad input."""
     from release.core.outputs import check_new_folder
     from release.gating.report import render_html, render_markdown, result_to_dict
     from release.gating.standalone import default_config, run_standalone
@@ -43,5 +44,5 @@ def gate(ctx: Ctx, gate_id: str, package_dir: Path, config_path: Path | None, ev
     html.write_text(render_html([result], {"package": str(package_dir), "baseline": baseline or "none"}))
     data = {**result_to_dict(result), "report": str(html)}
     emit(data, as_json, lambda: click.echo(render_markdown([result], baseline) + f"\nreport: {html}"))
-    if result.status == "fail":
+    if blocks(result.status):  # fail, underpowered: the gate did not pass
         sys.exit(EXIT_BLOCKED)

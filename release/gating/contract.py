@@ -16,17 +16,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel
 
 from release.core.checks import ThresholdCheck
 
-GateStatus = Literal["pass", "fail", "skipped"]
+if TYPE_CHECKING:
+    from release.backends.base import LoadedModel
+
+# "underpowered": the gate compared, but its data could not decide at the configured margin (too few
+# samples); it blocks like "fail" and is reported in its own words, never as a pass.
+GateStatus = Literal["pass", "fail", "skipped", "underpowered"]
+# The statuses that let a release go on; every other one, including any added later, blocks (fail closed).
+NON_BLOCKING: frozenset[str] = frozenset({"pass", "skipped"})
 GatePhase = Literal["before_register", "after_register"]
 
-__all__ = ["Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "Problem", "ProductionRef",
-           "ThresholdCheck", "gate_phase", "missing_file", "preflight"]
+__all__ = ["NON_BLOCKING", "Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "Problem", "ProductionRef",
+           "ThresholdCheck", "blocks", "gate_phase", "missing_file", "preflight"]
+
+
+def blocks(status: str) -> bool:
+    """Whether a gate's status stops the release: fail, underpowered, and anything but pass or skipped."""
+    return status not in NON_BLOCKING
 
 
 @dataclass
@@ -72,6 +84,9 @@ class GateContext:
     # The project whose registry holds `version` and production's: after-register gates that serve them
     # (the canary) serve them by registry reference, so their answers name the version that gave them.
     project_dir: Path | None = None
+    # The fp32 reference this release built (the merged checkpoint in PyTorch, or the fp32 build), opened on
+    # demand by a gate that compares with it; None where none was built (`relctl gate`, a replayed package).
+    load_reference: Callable[[], LoadedModel] | None = None
 
     def resolve(self, path: Path | str) -> Path:
         """`path` from a gate's config block, relative to release.yaml's folder (not the process's cwd)."""

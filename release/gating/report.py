@@ -13,7 +13,7 @@ from typing import Any
 from release.core import escape
 from release.gating.contract import GateResult, ThresholdCheck
 
-STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped"}
+STATUS_MARK = {"pass": "✅ pass", "fail": "❌ fail", "skipped": "⏭️ skipped", "underpowered": "❌ underpowered"}
 MAX_HTML_EXAMPLES = 20
 MAX_CELL = 300
 
@@ -23,7 +23,7 @@ def render_markdown(results: Sequence[GateResult], production_version: str | Non
     prod = f"production is version {production_version}" if production_version else "no production version yet"
     lines = ["### relctl gates", "", f"Compared with: {prod}.", "",
              "| Gate | Status | Reason |", "|---|---|---|"]
-    lines += [f"| {r.gate} | {STATUS_MARK[r.status]} | {_md(r.reason)} |" for r in results]
+    lines += [f"| {r.gate} | {STATUS_MARK.get(r.status, r.status)} | {_md(r.reason)} |" for r in results]
     for result in results:
         rows = metric_rows(result)
         if not rows:
@@ -32,7 +32,30 @@ def render_markdown(results: Sequence[GateResult], production_version: str | Non
                   "|---|---|---|---|---|---|"]
         lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
         lines += [f"- {_md(note)}" for note in _notes(result)]
+    for result in results:
+        paired = paired_rows(result)
+        if paired:
+            lines += ["", f"#### {result.gate}: paired comparison", "", "| " + " | ".join(PAIRED_HEADER) + " |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in paired]
     return "\n".join(lines) + "\n"
+
+
+PAIRED_HEADER = ["Metric", "Against", "n", "Difference", "Interval", "Margin", "Outcome"]
+
+
+def paired_rows(result: GateResult) -> list[list[str]]:
+    """One row per paired comparison a gate made (`details["paired"]`, gates/paired.py)."""
+    rows = []
+    for c in result.details.get("paired") or []:
+        low, high = c["interval"]
+        outcome = str(c["outcome"]).replace("_", "-")
+        outcome = outcome if c["outcome"] == "non_inferior" else outcome.upper()  # as a failed check reads FAIL
+        if c["outcome"] == "underpowered":
+            outcome += f" (needs about {c['needed_n']} samples)" if c.get("needed_n") else " (cannot decide)"
+        rows.append([str(c["metric"]), str(c["against"]), str(c["n"]), f"{c['difference']:+.4f}",
+                     f"[{low:+.4f}, {high:+.4f}] at {c.get('confidence', 0.95):.0%}", f"{c['margin']:g}", outcome])
+    return rows
 
 
 def result_to_dict(result: GateResult) -> dict[str, Any]:
@@ -68,6 +91,9 @@ def render_html(results: Sequence[GateResult], meta: Mapping[str, Any]) -> str:
         if rows:
             parts.append(_table(["Metric", "Value", "Check", "Bound", "Production", "Result"], rows))
         parts += [f'<p class="note">{_e(note)}</p>' for note in _notes(result)]
+        paired = paired_rows(result)
+        if paired:
+            parts.append(_table(PAIRED_HEADER, paired))
         parts.append(_examples(result))
         if result.evidence:
             parts.append("<p>Evidence: " + ", ".join(f"<code>{_e(p.name)}</code>" for p in result.evidence) + "</p>")

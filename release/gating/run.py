@@ -5,12 +5,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 from release.core.faults import pause_point
+from release.core.hashing import sha256_file
 from release.core.progress import Progress
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, gate_phase
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks, gate_phase
 from release.gating.plugins import run_gate
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
@@ -51,7 +52,7 @@ def run_phase_gates(
     one report)."""
     results: list[GateResult] = []
     for gate in gates:
-        failed = next((r for r in results if r.status == "fail"), None)
+        failed = next((r for r in results if blocks(r.status)), None)
         if failed is not None and not keep_going:
             result = not_run(gate.id, failed.gate)
             progress.done(f"gate {gate.id}", 0.0, f"{result.status}: {result.reason}", outcome=result.status)
@@ -101,6 +102,18 @@ def log_result(run: ReleaseRun, result: GateResult, metrics: bool = True) -> Non
                 run.log_artifact(named, str(plots[path].parent))
             elif path.is_file():
                 run.log_artifact(path, f"gates/{result.gate}")
+
+
+def evidence_digests(results: Sequence[GateResult]) -> dict[str, str]:
+    """sha256 of every evidence file of `results`, by the artifact path log_result logs it under: what the
+    package signature's provenance vouches for (release/stages/register.py)."""
+    digests: dict[str, str] = {}
+    for result in results:
+        plots = {path: artifact for _, (path, artifact) in plot_artifacts(result).items()}
+        for path in result.evidence:
+            if path.is_file():
+                digests[plots.get(path, f"gates/{result.gate}/{path.name}")] = sha256_file(path)
+    return digests
 
 
 def plot_artifacts(result: GateResult) -> dict[str, tuple[Path, str]]:

@@ -7,11 +7,13 @@ engine taken resumes from the same folders, without any shared configuration bei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from release.backends import Backend
+from release.backends import Backend, get_backend
+from release.backends.base import LoadedModel
 from release.config import ReleaseConfig
 from release.core.errors import InputError
 from release.core.hashing import sha256_file
@@ -108,3 +110,13 @@ class Builds:
     def _resolve(self, value: str) -> Path:
         path = Path(value)
         return path if path.is_absolute() else self.config_dir / path
+
+
+def reference_loader(reference: Done[Any], candidate: Done[ConvertOutputs],
+                     checkpoint: Path) -> Callable[[], LoadedModel]:
+    """Opens the fp32 reference validation compared with, as a model gates can run: the merged checkpoint
+    through the backend's load_reference when the reference is the checkpoint's own numbers (reference.npz
+    holds summaries, not a model), else the fp32 build."""
+    backend = get_backend(candidate.result.backend)
+    folder = checkpoint if isinstance(reference.result, ReferenceResult) else reference.path(reference.result.model)
+    return lambda: backend.load_reference(folder)

@@ -23,18 +23,26 @@ from pathlib import Path
 from typing import Any
 
 from release.backends import AUTO, Backend
+from release.backends.base import LoadedModel
 from release.config import ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
 from release.core.package import PackageManifest
 from release.core.progress import Progress
 from release.core.units import size
-from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
+from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
-from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
+from release.gating.run import (
+    evidence_digests,
+    gates_of_phase,
+    log_result,
+    plot_artifacts,
+    production_ref,
+    run_phase_gates,
+)
 from release.pipeline.advice import after_validation_failure
-from release.pipeline.builds import Builds
+from release.pipeline.builds import Builds, reference_loader
 from release.pipeline.comparison import compare_in_release
 from release.pipeline.contract import ContractReport, require_contract
 from release.pipeline.engines import Comparison, engines_section, load_gate
@@ -82,6 +90,8 @@ class Promotion:
         self.signer: SigningKey | None = None
         self.trust = Trust()
         self.engine_why: str | None = None  # why the contract's backend (release.yaml, or auto's pick)
+        # Opens the fp32 reference this release built, for gates that compare with it (GateContext).
+        self.load_reference: Callable[[], LoadedModel] | None = None
 
     def card(self, report: ReleaseReport) -> str:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
@@ -187,6 +197,7 @@ class Promotion:
             compared = compare_in_release(cfg, builds, name, report, gates, backend, self.progress)
             self.engines, cfg, backend = compared.comparison, compared.cfg, compared.backend
         reference, candidate = builds.convert(cfg, backend)
+        self.load_reference = reference_loader(reference, candidate, checkpoint)
         validation = builds.validate(cfg, reference, candidate)
         report.validation = validation.result.model_dump(mode="json")
         if not validation.result.passed:
@@ -269,7 +280,7 @@ class Promotion:
             return GateContext(model_name=name, package_dir=package.root, work_dir=work / gate_id,
                                production=production, eval_dataset=eval_data, config_dir=self._repo_anchor(),
                                version=version, should_stop=self._stop_check(name, production, version),
-                               project_dir=self.project_dir)
+                               project_dir=self.project_dir, load_reference=self.load_reference)
 
         measured: dict[str, GateResult] = {}
         if phase == "before_register" and self.engines is not None and not _replays_production(gates, production):
@@ -282,10 +293,10 @@ class Promotion:
         for result in results:
             report.plots |= {title: artifact for title, (_, artifact) in plot_artifacts(result).items()}
         self.gates_markdown = render_markdown(self.gate_results, production.version if production else None)
-        failed = [r for r in results if r.status == "fail"]
+        failed = [r for r in results if blocks(r.status)]
         if failed and phase == "before_register":
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
-            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
+            raise Blocked(f"gate '{failed[0].gate}' {_blocked_as(failed[0])}: {failed[0].reason}",
                           hint="see the release report for the evidence")
         return results
 
@@ -332,6 +343,7 @@ class Promotion:
         inputs = reg.RegisterInputs(
             model=name, content_sha256=report.package["content_sha256"], lineage=report.lineage,
             extra_tags=self._gate_tags(report), numbers=release_metrics(report), details=release_details(report),
+            evidence_sha256=evidence_digests(self.gate_results),
             description=self.card(report),
             target="candidate" if under_canary else "production",
             waits_for="the canary" if canary_next else "an approval: relctl approve",
@@ -402,13 +414,13 @@ class Promotion:
                                   "but not promoted (tagged stopped)",
                                   hint="production changed under this release (a rollback?); re-run relctl "
                                        "promote to gate the candidate against the new production")
-        failed = [r for r in results if r.status == "fail"]
+        failed = [r for r in results if blocks(r.status)]
         if failed:
             reason = f"gate {failed[0].gate}: {failed[0].reason}"
             transitions.reject(self.registry, name, version, reason, run.run_id)
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
             self._record(name, version, run, report)
-            raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
+            raise Blocked(f"gate '{failed[0].gate}' {_blocked_as(failed[0])}: {failed[0].reason}",
                           hint="production was never moved; see the release report for the evidence")
         if self.cfg.require_approval:  # the canary passed; production waits for the approval
             self._await_approval(run, name, version, report, production)
@@ -494,3 +506,8 @@ def _replays_production(gates: list[Gate], production: ProductionRef | None) -> 
     config = getattr(load_gate(gates), "config", None)
     return (production is not None and bool(getattr(config, "compare_production", False))
             and not getattr(config, "sweep", None))
+
+
+def _blocked_as(result: GateResult) -> str:
+    """How a blocking gate reads in the one-line error: "failed", or its own status ("underpowered")."""
+    return "failed" if result.status == "fail" else f"did not pass ({result.status})"

@@ -179,7 +179,9 @@ def decision_table(report: ReleaseReport) -> list[str]:
         rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
                      _figures(checks)))
     for gate in report.gates:
-        figures = _figures(gate.get("thresholds") or []) or _clip(gate.get("reason", ""))
+        paired = paired_figures((gate.get("details") or {}).get("paired") or [])
+        figures = "; ".join(f for f in (paired, _figures(gate.get("thresholds") or [])) if f) or \
+            _clip(gate.get("reason", ""))
         rows.append((f"gate `{gate['gate']}`", str(gate["status"]), figures))
     fit = memory_fit(report)
     if fit:
@@ -203,6 +205,23 @@ def _figures(checks: list[dict[str, Any]]) -> str:
     ordered = sorted(checks, key=lambda c: bool(c.get("passed")))
     shown = [f"{c['metric']} {_sig(c.get('value'))} {c['op']} {_sig(c.get('bound'))}"
              + ("" if c.get("passed") else " (**fail**)") for c in ordered[:MAX_FIGURES]]
+    more = len(ordered) - len(shown)
+    return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
+
+
+def paired_figures(comparisons: list[dict[str, Any]]) -> str:
+    """`metric vs baseline: difference [interval], n, margin: outcome` per paired comparison (a gate's
+    details["paired"], gates/paired.py), the undecided and inferior first, at most MAX_FIGURES."""
+    ordered = sorted(comparisons, key=lambda c: c.get("outcome") == "non_inferior")
+    shown = []
+    for c in ordered[:MAX_FIGURES]:
+        low, high = c["interval"]
+        outcome = str(c["outcome"]).replace("_", "-")
+        if c["outcome"] == "underpowered" and c.get("needed_n"):
+            outcome += f", needs about {c['needed_n']} samples"
+        shown.append(markdown(f"{c['metric']} vs {c['against']}: {c['difference']:+.3g} "
+                              f"[{low:+.3g}, {high:+.3g}], n={c['n']}, margin {c['margin']:g}")
+                     + ("" if c["outcome"] == "non_inferior" else f" (**{outcome}**)"))
     more = len(ordered) - len(shown)
     return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
 

@@ -14,7 +14,7 @@ note there), so the registry UI's versions table stays readable and searches kee
     relctl.package_content_sha256   sha256 over every served file's sha256: equal content, equal release
     relctl.rejected_reason          why a gate or the canary rejected it (rejected versions only)
     relctl.oci_digest               oci://HOST/REPO@sha256:... once `relctl publish` pushed it (pinned by digest)
-    gate.<id>.status                pass | fail | skipped (| stopped: a canary cut short), one per gate
+    gate.<id>.status                pass | fail | skipped | underpowered (| stopped: a canary cut short), one per gate
 
 Numbers are metrics, not tags: validation.<metric>, gate.<id>.<metric> and memory.<figure> are logged to
 the release run and to the version's MLflow LoggedModel (shown on the version page). The full lineage

@@ -193,7 +193,7 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
     adapter = prepared.adapter
     try:
         events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s,
-                                 rid, adapter=adapter.engine_name if adapter else None)
+                                 rid, on_job=run.attach, adapter=adapter.engine_name if adapter else None)
         first = await anext(events)
         first_at = time.monotonic()
     except BaseException:
@@ -231,6 +231,7 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
         raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{state.model_name}'",
                              status=400)
     params = check_params(req, settings, engine.limits)
+    ids: list[int] | None = None
     if isinstance(req, ChatRequest):
         field = "messages"
         try:
@@ -239,12 +240,18 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
             raise RequestProblem("messages", f"refused by the model's chat template: {exc}") from exc
     else:
         assert isinstance(req, CompletionRequest)
-        field, prompt = "prompt", completion_prompt(req)
-    # Refused before tokenizing, which would block the event loop on a huge string: real text averages
-    # about 4 characters per token, so 32 per allowed token only stops abuse.
-    if len(prompt) > 32 * settings.max_prompt_tokens:
-        raise RequestProblem(field, f"longer than this server's limit of {settings.max_prompt_tokens} tokens")
-    ids = engine.encode(prompt)
+        check_scoring(engine, req)
+        field, given = "prompt", completion_prompt(req)
+        if isinstance(given, list):
+            ids, prompt = token_prompt(engine, given)
+        else:
+            prompt = given
+    if ids is None:
+        # Refused before tokenizing, which would block the event loop on a huge string: real text averages
+        # about 4 characters per token, so 32 per allowed token only stops abuse.
+        if len(prompt) > 32 * settings.max_prompt_tokens:
+            raise RequestProblem(field, f"longer than this server's limit of {settings.max_prompt_tokens} tokens")
+        ids = engine.encode(prompt)
     if not ids:
         raise RequestProblem(field, "must not be empty")
     if len(ids) > settings.max_prompt_tokens:
@@ -255,3 +262,30 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
             f"of {engine.context_length} tokens")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params, adapter)
+
+
+def check_scoring(engine: Engine, req: CompletionRequest) -> None:
+    """`logprobs` and `echo` as far as this backend declares them (LogprobSupport): a 400 naming the backend and
+    the field otherwise. Returned on whole responses only."""
+    support, backend = engine.logprobs, engine.backend_id or "this"
+    if req.logprobs is not None and not support.generated:
+        raise RequestProblem("logprobs", f"not available on the {backend} backend: {support.why_not}")
+    if req.logprobs is not None and req.echo and not support.prompt:
+        raise RequestProblem("echo", f"prompt log-probabilities are not available on the {backend} backend: "
+                                     f"{support.why_not}")
+    if req.stream and (req.logprobs is not None or req.echo):
+        raise RequestProblem("logprobs" if req.logprobs is not None else "echo",
+                             "returned on whole responses only; send it with stream false")
+
+
+def token_prompt(engine: Engine, ids: list[int]) -> tuple[list[int], str]:
+    """A prompt given as token ids, checked against the vocabulary, and its text (for echo and the log)."""
+    vocab = engine.limits.vocab_size
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise RequestProblem("prompt", f"token id {bad} is outside the model's vocabulary of {vocab} tokens")
+    if len(ids) > engine.settings.max_prompt_tokens:
+        raise RequestProblem("prompt", f"{len(ids)} tokens, over this server's limit of "
+                                       f"{engine.settings.max_prompt_tokens}")
+    scorer = engine.scorer
+    return ids, scorer.decode(ids) if scorer is not None else f"<{len(ids)} token ids>"

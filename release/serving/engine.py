@@ -4,7 +4,8 @@ and two ways to generate:
 - batched: the runner's batching engine (a `BatchEngine`: the engine's own continuous batching), up to
   `max_batch_size` requests per model step;
 - a fixed pool of generator threads running the runner's token loop (batching off, models the batching
-  engine cannot serve, and requests with a `seed`, which a static batch cannot honour per request).
+  engine cannot serve, requests with a `seed`, which a static batch cannot honour per request, and requests
+  for `logprobs`, which the runner's own loop scores).
 
 Generation is blocking native work, so it never runs on the event loop; tokens come back through an asyncio
 queue per request. Admission is decided before any work is queued: at most `slots + queue_size`
@@ -18,13 +19,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from release.backends import backend_of
-from release.backends.base import Backend, Runner
+from release.backends.base import Backend, LogprobSupport, Runner, ScoringRunner
 from release.backends.jobs import Finished, GenerationParams, Job, StopMatcher
 from release.core.package import PackageManifest
 from release.core.server_settings import ServerSettings
@@ -45,7 +46,7 @@ def open_engine(package: PackageManifest, settings: ServerSettings,
         runner: Runner = backend.open_adapter_runner(package.model_dir, settings, adapters)
     else:
         runner = backend.open_runner(package.model_dir, settings)
-    return Engine(runner, settings, time.perf_counter() - started)
+    return Engine(runner, settings, time.perf_counter() - started, backend.id, backend.logprobs)
 
 
 def admitted_settings(backend: Backend, settings: ServerSettings) -> ServerSettings:
@@ -60,8 +61,13 @@ def admitted_settings(backend: Backend, settings: ServerSettings) -> ServerSetti
 class Engine:
     """A loaded model: tokenizer, chat template, limits, admission, the batching engine and the worker pool."""
 
-    def __init__(self, runner: Runner, settings: ServerSettings, load_time_s: float = 0.0) -> None:
+    def __init__(self, runner: Runner, settings: ServerSettings, load_time_s: float = 0.0, backend_id: str = "",
+                 logprobs: LogprobSupport | None = None) -> None:
         self.runner = runner
+        self.backend_id = backend_id
+        # What the backend declared, and only when its runner can turn the scored ids back into text.
+        self.logprobs = logprobs if logprobs is not None and isinstance(runner, ScoringRunner) else LogprobSupport()
+        self.scorer: ScoringRunner | None = runner if isinstance(runner, ScoringRunner) else None
         self.settings = settings
         self.limits = runner.limits
         self.context_length = runner.limits.context_length
@@ -127,12 +133,16 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float, rid: str = "",
-                       adapter: str | None = None) -> AsyncGenerator[str | Finished, None]:
+                       on_job: Callable[[Job], None] | None = None, adapter: str | None = None
+                       ) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot.
+        `on_job` receives the Job before it runs (a scored request reads its scores from it when finished).
         `adapter`: the engine's name of a loaded LoRA adapter to generate with."""
         job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid, adapter=adapter)
+        if on_job is not None:
+            on_job(job)
         batch = self.batch
-        if batch is not None and batch.healthy and params.seed is None:
+        if batch is not None and batch.healthy and params.seed is None and not params.scored:
             batch.submit(job)
         else:
             self._pool.submit(self._run, job)

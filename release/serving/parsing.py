@@ -49,7 +49,8 @@ def parse_body(raw: bytes, schema: type[SamplingFields]) -> SamplingFields:
     """Decode JSON (bounded), refuse unsupported OpenAI fields, validate against `schema`; any problem is a
     RequestProblem naming the first bad field."""
     data = decode_json(raw)
-    refuse_unsupported(data)
+    # `n` is declared only to pin it to 1: the table below says so in words.
+    refuse_unsupported(data, implemented=frozenset(schema.model_fields) - {"n"})
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
@@ -134,10 +135,11 @@ def _string_problem(text: str, path: str) -> tuple[str, str] | None:
     return None
 
 
-def refuse_unsupported(data: dict[str, Any]) -> None:
-    """400 naming the first field OpenAI accepts but this server does not implement (set to a real value)."""
+def refuse_unsupported(data: dict[str, Any], implemented: frozenset[str] = frozenset()) -> None:
+    """400 naming the first field OpenAI accepts but this server does not implement (set to a real value);
+    `implemented`: the fields the endpoint's schema takes (completions' `logprobs` and `echo`, not chat's)."""
     for name, neutral in UNSUPPORTED.items():
-        if name in data and not any(_same(data[name], n) for n in neutral):
+        if name not in implemented and name in data and not any(_same(data[name], n) for n in neutral):
             if name in ("n", "best_of"):
                 raise RequestProblem(name, "only 1 is supported (one completion per request)")
             raise RequestProblem(name, "not supported by this server (text generation only); "

@@ -13,10 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from release.backends.jobs import GenerationParams, ModelLimits
+from release.backends.jobs import GenerationParams, ModelLimits, TokenScore
 from release.core.server_settings import ServerSettings
 
 INT32_MAX = 2**31 - 1
+# The most alternatives per token `logprobs` may ask for (a common engine default; OpenAI's limit is 5).
+MAX_LOGPROBS = 20
 # Every token is matched against every stop string: their length bounds the work per token.
 MAX_STOP_CHARS = 256
 
@@ -61,7 +63,12 @@ class SamplingFields(_Schema):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # Text, or token ids (as lm-eval's local-completions sends them): one prompt per request either way.
+    prompt: str | list[str] | list[int] | list[list[int]]
+    # Top-k alternatives per token with each token's log-probability (None: none); `echo`: the prompt is
+    # returned before the completion, and with `logprobs` its tokens are scored too.
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
 
 
 class TextPart(_Schema):
@@ -111,15 +118,22 @@ def check_params(req: SamplingFields, settings: ServerSettings, limits: ModelLim
         seed=req.seed,
         stop=stop,
         ignore_eos=req.ignore_eos,
+        logprobs=req.logprobs if isinstance(req, CompletionRequest) else None,
+        echo=req.echo if isinstance(req, CompletionRequest) else False,
     )
 
 
-def completion_prompt(req: CompletionRequest) -> str:
-    if isinstance(req.prompt, str):
-        return req.prompt
-    if len(req.prompt) != 1:
+def completion_prompt(req: CompletionRequest) -> str | list[int]:
+    """The one prompt of a completion request: its text, or its token ids."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [int(p) for p in prompt]  # type: ignore[arg-type]  # list[int], checked just above
+    if len(prompt) != 1:
         raise RequestProblem("prompt", "exactly one prompt per request")
-    return req.prompt[0]
+    only = prompt[0]
+    return only if isinstance(only, str) else list(only)  # type: ignore[arg-type]
 
 
 def new_id(prefix: str) -> str:
@@ -144,6 +158,18 @@ def completion_body(rid: str, model: str, text: str, finish: str | None, chat: b
         choice["logprobs"] = None
     obj = "chat.completion" if chat else "text_completion"
     return {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": [choice]}
+
+
+def logprobs_body(scores: list[TokenScore], texts: list[str], tops: list[dict[str, float] | None],
+                  start: int = 0) -> dict[str, Any]:
+    """OpenAI's `choices[].logprobs` for consecutive tokens: their texts, log-probabilities (None for a prompt's
+    first token), top alternatives (token text -> log-probability) and character offsets from `start`."""
+    offsets, at = [], start
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": texts, "token_logprobs": [s.logprob for s in scores], "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def chunk_body(rid: str, model: str, text: str | None, finish: str | None, chat: bool, first: bool) -> dict[str, Any]:

@@ -8,18 +8,19 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from release.backends.jobs import GenerationParams
+from release.backends.jobs import GenerationParams, Job
 from release.serving.engine import Finished
 from release.serving.protocol import (
     ChunkFormat,
     RequestProblem,
     chunk_body,
     completion_body,
+    logprobs_body,
     sse,
     usage,
 )
@@ -77,6 +78,7 @@ class Run:
         self.rid = rid
         self.first_token_at: float | None = None
         self.pieces: list[str] = []
+        self.job: Job | None = None  # set by the engine once generation starts; holds a scored run's scores
 
     async def stream(self, first: str | Finished, events: AsyncGenerator[str | Finished, None]) -> AsyncIterator[bytes]:
         model, chat = self.state.model_name, self.p.chat
@@ -120,9 +122,37 @@ class Run:
         if finished.reason in ("timeout", "error"):
             problem = self.problem(finished)
             return JSONResponse(problem.body(), status_code=problem.status)
-        body = completion_body(self.rid, self.state.model_name, "".join(self.pieces), finished.reason, self.p.chat)
+        text = "".join(self.pieces)
+        params = self.p.params
+        body = completion_body(self.rid, self.state.model_name, self.p.prompt + text if params.echo else text,
+                               finished.reason, self.p.chat)
+        if params.scored:
+            body["choices"][0]["logprobs"] = self.logprobs(text)
         body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
         return Response(json.dumps(body), media_type="application/json")
+
+    def logprobs(self, text: str) -> dict[str, Any]:
+        """The response's `logprobs`: the prompt's tokens (echo), then the generated ones whose text starts
+        within the returned text (a stop string's tokens are cut with it) and a final EOS, by the runner's
+        scores."""
+        engine = self.state.engine
+        scorer = engine.scorer
+        assert scorer is not None and self.job is not None  # a scored request is admitted only then
+        prompt = self.job.prompt_scores if self.p.params.echo else []
+        output = self.job.output_scores
+        texts = scorer.token_texts([s.token for s in output])
+        kept, at = 0, 0
+        while kept < len(texts) and (at < len(text) or output[kept].token in engine.runner.eos_ids):
+            at += len(texts[kept])
+            kept += 1
+        scores = [*prompt, *output[:kept]]
+        all_texts = scorer.token_texts([s.token for s in prompt]) + texts[:kept]
+        shown = {t for s in scores for t, _ in s.top or ()}
+        names = dict(zip(sorted(shown), scorer.token_texts(sorted(shown)), strict=True))
+        tops: list[dict[str, float] | None] = []
+        for score in scores:
+            tops.append(None if score.top is None else _by_text(score.top, names))
+        return logprobs_body(scores, all_texts, tops)
 
     @staticmethod
     def code(finished: Finished) -> str:
@@ -134,6 +164,9 @@ class Run:
             where = "before the first token (queue wait + prefill)" if self.first_token_at is None else ""
             return RequestProblem("request", f"timed out {where or 'during generation'}", status=504)
         return RequestProblem("server", f"generation failed ({finished.error}); request id {self.rid}", status=500)
+
+    def attach(self, job: Job) -> None:
+        self.job = job
 
     def note(self, piece: str) -> None:
         if self.first_token_at is None:
@@ -164,6 +197,14 @@ class Run:
                   "output_tokens": finished.output_tokens if finished else None,
                   "latency_s": round(now - self.arrived, 6)}
         state.request_log.write(record, self.p.prompt, "".join(self.pieces))
+
+
+def _by_text(top: tuple[tuple[int, float], ...], names: dict[int, str]) -> dict[str, float]:
+    """OpenAI keys alternatives by token text; two ids with one text keep the likelier."""
+    out: dict[str, float] = {}
+    for token, logprob in top:
+        out.setdefault(names[token], logprob)
+    return out
 
 
 def from_finish(run: Run, finished: Finished, is_first: bool) -> bytes:

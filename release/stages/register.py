@@ -103,9 +103,10 @@ def _exporter_tags(exporter: Any) -> dict[str, Any]:
 
 
 def provenance(model: str, package: PackageManifest, lineage: dict[str, Any], gate_tags: dict[str, Any],
-               release_run: str, builder: str) -> dict[str, Any]:
+               release_run: str, builder: str, evidence: dict[str, str] | None = None) -> dict[str, Any]:
     """What the signature vouches for besides the bytes (SLSA-style): which training run, data, weights and
-    code made them, which release run and gates passed them, and which relctl built them."""
+    code made them, which release run and gates passed them (with the sha256 of each gate's evidence file,
+    e.g. the eval gate's per-sample results, as logged in the release run), and which relctl built them."""
     training = lineage.get("training", {})
     ckpt = lineage.get("checkpoint", {})
     repo = lineage.get("release_repo", {})
@@ -115,6 +116,7 @@ def provenance(model: str, package: PackageManifest, lineage: dict[str, Any], ga
             "data_sha256": training.get("data_sha256", {}), "weights_sha256": ckpt.get("weights_sha256", {}),
             "adapter_sha256": ckpt.get("adapter_sha256", {}),
             "gates": T.gate_statuses({k: str(v) for k, v in gate_tags.items()}),
+            "gate_evidence_sha256": dict(sorted((evidence or {}).items())),
             "manifest_sha256": sha256_file(package.root / MANIFEST), "content_sha256": content_sha256(package)}
 
 
@@ -192,6 +194,9 @@ class RegisterInputs(StageInputs):
     # The release's numbers (validation, gate and memory figures) and digests, for the version's LoggedModel.
     numbers: dict[str, float] = Field(default_factory=dict)
     details: dict[str, str] = Field(default_factory=dict)
+    # sha256 of each before-register gate's evidence file by its artifact path in the release run: the
+    # signature's provenance vouches for them (the eval gate's per-sample results among them).
+    evidence_sha256: dict[str, str] = Field(default_factory=dict)
     # production: released at once; candidate: registered and aliased `candidate` for an after-register
     # gate (the canary) to decide; none: registered only (relctl register without --production).
     target: Literal["production", "candidate", "none"] = "production"
@@ -232,7 +237,8 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
         if self.signer is None:
             return "unsigned"
         i = self.inputs
-        signed = provenance(i.model, self.package, i.lineage, i.extra_tags, self.release.run_id, self.builder)
+        signed = provenance(i.model, self.package, i.lineage, i.extra_tags, self.release.run_id, self.builder,
+                            i.evidence_sha256)
         # Binds the signature to this release: readers refuse it for a version another run registered.
         signed["require_approval"] = self.require_approval
         sign_package(self.package.root, self.signer, signed)

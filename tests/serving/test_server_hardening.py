@@ -116,8 +116,9 @@ def test_unsupported_openai_fields_are_refused_by_name(server: ServerProcess) ->
     # What clients send as defaults is no reason to refuse.
     neutral = {"logprobs": None, "n": 1, "tools": None, "response_format": {"type": "text"}, "presence_penalty": 0}
     assert httpx.post(f"{server.url}/v1/chat/completions", json={**chat, **neutral}, timeout=30).status_code == 200
-    echo = httpx.post(f"{server.url}/v1/completions", json={**PROMPT, "echo": True}, timeout=10)
-    assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo"
+    # Completions implement echo and logprobs (tests/serving/test_logprobs.py); suffix stays refused.
+    suffix = httpx.post(f"{server.url}/v1/completions", json={**PROMPT, "suffix": "end"}, timeout=10)
+    assert suffix.status_code == 400 and suffix.json()["error"]["param"] == "suffix"
 
 
 @pytest.mark.parametrize("batching", ["on", "off"])

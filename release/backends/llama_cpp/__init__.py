@@ -35,6 +35,7 @@ from release.backends.base import (
     ExportResult,
     Flavour,
     LoadedModel,
+    LogprobSupport,
     MemoryFacts,
     ServerCommand,
     Support,
@@ -89,6 +90,11 @@ class LlamaCppBackend(Backend):
     deploy_files = ("source/config.json",)
     # llama-server is its own process: its start time is reported through `plan(measure=True)`.
     cold_start_in_process = False
+    # llama-server's /v1/completions refuses `echo` ("Only no echo is supported": no prompt log-probabilities,
+    # ggml-org/llama.cpp#8942, #27174), so lm-eval's log-likelihood tasks cannot run on it; its generated-token
+    # log-probabilities are not forwarded by relctl's runner either.
+    logprobs = LogprobSupport(why_not="llama-server computes no prompt log-probabilities (its completions endpoint "
+                                      "refuses echo), and relctl does not forward its generated-token ones")
 
     def supports(self, config: dict[str, Any]) -> Support:
         arch = architecture(config)

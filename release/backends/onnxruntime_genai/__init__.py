@@ -21,6 +21,7 @@ from release.backends.base import (
     Flavour,
     FlavourModel,
     LoadedModel,
+    LogprobSupport,
     MemoryFacts,
     Support,
     TensorInfo,
@@ -63,6 +64,8 @@ class OnnxruntimeGenaiBackend(Backend):
     # Validated against PyTorch on the checkpoint: no fp32 ONNX is built only to be compared with, and an
     # fp32 release is compared with numbers it did not compute itself.
     reference_from_checkpoint = True
+    # The runner reads the generator's own logits output: the prompt's (echo) and each generated token's.
+    logprobs = LogprobSupport(generated=True, prompt=True)
     families = "decoder LLMs of onnxruntime-genai's model builder (" + ", ".join(
         sorted(a.removesuffix("ForCausalLM") for a in GENAI_ARCHITECTURES)) + ")"
 

@@ -1,6 +1,7 @@
 """The onnxruntime-genai model inside relctl's server: its tokenizer, chat template, limits, the batching
 engine (og.Engine on one driver thread, release/backends/onnxruntime_genai/batching.py) and the token loop
-the thread pool runs for requests the batch cannot take (batching off, a `seed`, an unbatchable model)."""
+the thread pool runs for requests the batch cannot take (batching off, a `seed`, `logprobs`, an unbatchable
+model)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
+from release.backends.logprobs import score_prompt, score_token
 from release.backends.onnxruntime_genai.batching import BatchEngine
 from release.backends.onnxruntime_genai.model import kv_floor, open_tokenizer, read_genai_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
+from release.core.tokenizer_file import load_tokenizer
 
 log = logging.getLogger("relctl.serve")
 
@@ -48,6 +53,8 @@ class GenaiRunner:
         self.eos_ids = frozenset(int(t) for t in self.tokenizer.eos_token_ids)
         self.batch, self.batching_note = self._start_batching(model_dir)
         self.chat_template = read_chat_template(model_dir)
+        names = model_dir / "tokenizer.json"
+        self._token_names: Any = load_tokenizer(names) if names.is_file() else None
 
     def _start_batching(self, model_dir: Path) -> tuple[BatchEngine | None, str]:
         mode = self.settings.batching
@@ -78,10 +85,24 @@ class GenaiRunner:
         )
         return rendered
 
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(np.asarray(ids, dtype=np.int32)))
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        # onnxruntime-genai decodes a special token to U+FFFD; tokenizer.json names it ("<s>"), as vLLM shows it.
+        if self._token_names is None:
+            return [self.decode([i]) for i in ids]
+        return [str(self._token_names.decode([i], skip_special_tokens=False)) for i in ids]
+
     def decode_loop(self, job: Job) -> tuple[str, int]:
         params = job.params
         generator = self._og.Generator(self.model, self._search_params(job))
         generator.append_tokens(job.prompt_ids)
+        top = params.logprobs or 0
+        if params.scored and params.echo:
+            # append_tokens ran the prompt: the logits output holds one row per prompt token.
+            rows = np.asarray(generator.get_output("logits"), dtype=np.float32)[0, -len(job.prompt_ids):]
+            job.prompt_scores = score_prompt(rows, job.prompt_ids, top)
         stream = self.tokenizer.create_stream()
         stops = StopMatcher(params.stop)
         count = 0
@@ -90,6 +111,12 @@ class GenaiRunner:
                 return "timeout", count
             generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
+            if params.scored:
+                # The model runs again only at the next generate_next_token: the logits output is still the
+                # row this token was chosen from (raw model output: before temperature, top-k and top-p).
+                # An EOS is scored too, as OpenAI-compatible servers list it (lm-eval drops the last entry).
+                row = np.asarray(generator.get_output("logits"), dtype=np.float32)[0, -1]
+                job.output_scores.append(score_token(row, token, top))
             if token in self.eos_ids and not params.ignore_eos:
                 emit_text(job, stops.flush())
                 return "stop", count

@@ -36,6 +36,7 @@ from release.backends.base import (
     ExportResult,
     Flavour,
     LoadedModel,
+    LogprobSupport,
     MemoryFacts,
     ServerCommand,
     Support,
@@ -149,6 +150,8 @@ class VllmBackend(Backend):
     rollout_shares_devices = False
     # Its start time is measured on the server the offline gates already share (plan(measure=True)).
     cold_start_in_process = False
+    # vLLM's own server computes both, but relctl's runner in front of it does not forward them yet.
+    logprobs = LogprobSupport(why_not="relctl's runner in front of vLLM does not forward vLLM's log-probabilities yet")
     families = "vLLM text decoders (" + ", ".join(sorted(a.removesuffix("ForCausalLM") for a in VLLM_ARCHITECTURES)) \
         + f"); on CPU head_dim {' or '.join(map(str, CPU_HEAD_DIMS))}"
 
