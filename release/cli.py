@@ -98,16 +98,28 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @click.option("--keep-going", is_flag=True,
               help="Run every gate even after one failed (default: the later gates are skipped, the release "
                    "is blocked either way).")
+@click.option("--onto", metavar="MODEL@ALIAS|MODEL/VERSION",
+              help="Release the run's LoRA adapter onto this serving base, unmerged (docs/adapters.md); --model "
+                   "names the adapter's registered model (default BASE-EXPERIMENT).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, summary_path: Path | None, keep_going: bool, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.core.progress import Progress
 
     ctx.as_json = as_json
+    if onto is not None:  # an adapter release: its own flow (release/adapters)
+        from release.adapters.api import promote_onto
+
+        adapter = promote_onto(run_id, onto, ctx.project_dir, config_path, {}, model_name, dry_run,
+                               Progress(quiet=ctx.quiet))
+        emit(adapter.to_dict(), as_json, lambda: click.echo(
+            f"{adapter.model} v{adapter.version} is production on {adapter.base['model']} v{adapter.base['version']}"
+            if adapter.version else f"{adapter.model}: {adapter.outcome} (nothing registered)"))
+        return
     overrides: dict[str, Any] = {}
     if precision:
         overrides["convert.precision"] = precision
@@ -200,15 +212,29 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
 @click.option("--reason", default="manual rollback", show_default=True, help="Recorded in the alias history.")
 @click.option("--allow-unreleased", is_flag=True,
               help="Allow a target that never passed its gates (rejected, stopped, registering); recorded.")
+@click.option("--server", "server_url", metavar="URL",
+              help="An adapter's rollback: then switch the adapter on this running base (relctl serve --adapters; "
+                   "RELCTL_API_KEY), no base restart.")
+@click.option("--strand-adapters", is_flag=True,
+              help="Roll a base back even though production adapters were built for the version it leaves.")
 @json_option
 @click.pass_obj
 @handled
 def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_unreleased: bool,
-             as_json: bool) -> None:
+             server_url: str | None, strand_adapters: bool, as_json: bool) -> None:
     """Move MODEL's production alias back to the version it replaced, in one step."""
+    import os
+
     from release.commands import api
 
-    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased)
+    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased,
+                        strand_adapters=strand_adapters)
+    if server_url:
+        from release.adapters.rollback import reload_on_server
+
+        reloaded = reload_on_server(server_url, model, os.environ.get("RELCTL_API_KEY"))
+        click.echo(f"{server_url} serves {model} v{reloaded['version']} (was v{reloaded['replaced']}; switched in "
+                   f"{reloaded['seconds']:.2f}s, the base kept serving)", err=True)
     frm, to = move.changes["production"]
     engines = api.engine_labels(model, ctx.project_dir)
     shown = {v: engines.get(v, "engine not recorded") for v in (frm, to) if v is not None}

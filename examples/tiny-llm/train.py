@@ -24,10 +24,14 @@ if str(HERE) not in sys.path:
 import tinyllm  # noqa: E402 - importable only once its folder is on sys.path
 
 from release.core.hashing import sha256_file  # noqa: E402
+from release.core.weights_digest import folder_base_digest  # noqa: E402
 from release.registry.store import connect, ensure_experiment, resolve_store  # noqa: E402
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 CHECKPOINT_ARTIFACT = "checkpoint"
+# The base digest of the weights the LoRA trained on (release/core/weights_digest.py): what `relctl promote
+# RUN --onto MODEL@production` compares with the digest the serving base version recorded at its release.
+BASE_DIGEST_TAG = "relctl.base_sha256"
 
 
 def git_tags(source_dir: Path) -> dict[str, str]:
@@ -131,7 +135,8 @@ def log_run(result: tinyllm.TrainResult, project_dir: Path, experiment: str = "t
         tags = git_tags(source_dir)
         if GIT_COMMIT_TAG not in tags:
             drop_guessed_commit(run.info.run_id)
-        mlflow.set_tags({**tags, "relctl.checkpoint_path": CHECKPOINT_ARTIFACT})
+        mlflow.set_tags({**tags, "relctl.checkpoint_path": CHECKPOINT_ARTIFACT,
+                         BASE_DIGEST_TAG: folder_base_digest(result.checkpoint_dir)})
         mlflow.log_artifacts(str(result.checkpoint_dir), CHECKPOINT_ARTIFACT)
         mlflow.log_artifact(str(result.data_dir / "validation" / "prompts.jsonl"), "validation")
         for name, context in (("train", "training"), ("eval", "eval")):

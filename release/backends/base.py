@@ -18,7 +18,7 @@ package with a `Backend` subclass and one entry point (see release/backends/__in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from release.backends.planning import EnginePlan, Target
+from release.core.errors import InputError
 
 if TYPE_CHECKING:  # a backend module must import without starting anything
     from release.backends.jobs import Job, ModelLimits
@@ -181,6 +182,16 @@ class Runner(Protocol):
         """Generate for one admitted job on a pool thread, emitting text; (finish reason, output tokens)."""
 
     def close(self) -> None: ...
+
+
+class AdapterRunner(Runner, Protocol):
+    """A runner that serves LoRA adapters beside its base (Backend.open_adapter_runner): a job whose
+    `adapter` names a loaded one runs with it; load and unload happen while the base keeps serving."""
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Load the adapter built by `export_adapter` in `folder` under `name` (a new name: loads never replace)."""
+
+    def unload_adapter(self, name: str) -> None: ...
 
 
 @runtime_checkable
@@ -469,6 +480,29 @@ class Backend(ABC):
         admits at least that many into it, so its queue never caps the engine below its own scheduler (an
         engines table would otherwise rank relctl's queue). None: relctl schedules; `serving.server.workers`."""
         return None
+
+    # -- adapters (docs/adapters.md) ------------------------------------------------------------------
+    def adapter_problem(self, precision: str) -> str | None:
+        """Why this engine cannot serve a LoRA adapter beside a base it built at `precision` without merging it
+        (one line, for the refusal, asked before any download); None: it can (`export_adapter`,
+        `load_with_adapter`, `open_adapter_runner`)."""
+        return f"{self.id} serves merged releases only (no LoRA adapters beside a running base)"
+
+    def export_adapter(self, adapter_dir: Path, model_dir: Path, out: Path) -> None:
+        """Write into `out` what this engine loads for the PEFT adapter in `adapter_dir` on the base built in
+        `model_dir` (its precision and layout); InputError for an adapter it cannot serve."""
+        raise InputError(f"{self.id} serves merged releases only (no LoRA adapters beside a running base)",
+                         hint="release the run merged: relctl promote RUN (without --onto)")
+
+    def load_with_adapter(self, model_dir: Path, adapter_dir: Path) -> LoadedModel:
+        """The base in `model_dir` with the exported adapter in `adapter_dir` active, as this engine serves
+        them together: what an adapter release validates against the merged reference."""
+        raise InputError(f"{self.id} cannot load LoRA adapters")
+
+    def open_adapter_runner(self, model_dir: Path, settings: ServerSettings,
+                            adapters: Mapping[str, Path]) -> AdapterRunner:
+        """`open_runner` with adapter serving on and `adapters` (name: exported folder) loaded."""
+        raise InputError(f"{self.id} cannot serve LoRA adapters")
 
     # -- registry and deployment -------------------------------------------------------------------
     def flavour(self) -> Flavour:

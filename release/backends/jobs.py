@@ -84,6 +84,8 @@ class Job:
     events: asyncio.Queue[str | Finished] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     admitted: float = field(default_factory=time.monotonic)
+    # The engine's name of the LoRA adapter to run with (an AdapterRunner's load_adapter name); None: the base.
+    adapter: str | None = None
     # Filled by a ScoringRunner's token loop when params.scored, read once the job has finished.
     prompt_scores: list[TokenScore] = field(default_factory=list)
     output_scores: list[TokenScore] = field(default_factory=list)

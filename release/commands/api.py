@@ -81,7 +81,8 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
-             progress: Progress | None = None, allow_unreleased: bool = False) -> AliasMove:
+             progress: Progress | None = None, allow_unreleased: bool = False,
+             strand_adapters: bool = False) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
@@ -115,6 +116,10 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     seen = registry.aliases(model)
     guess = to_version or seen.get(PREVIOUS)
     if guess is not None and guess != seen.get(PRODUCTION):
+        if not strand_adapters:  # before the download: refused in seconds (and again under the lock)
+            from release.adapters.rollback import refuse_stranding  # noqa: PLC0415
+
+            refuse_stranding(registry, model, seen.get(PRODUCTION), guess)
         verify(guess)
 
     def decide(aliases: dict[str, str]) -> dict[str, str | None]:
@@ -126,6 +131,10 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
             raise InputError(f"{model}: production already is v{target}", hint="pass --to VERSION for another version")
         if target not in verified:
             verify(target)
+        if not strand_adapters:
+            from release.adapters.rollback import refuse_stranding  # noqa: PLC0415
+
+            refuse_stranding(registry, model, aliases.get(PRODUCTION), target)
         # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
         return {PRODUCTION: target, PREVIOUS: registry.replaced_by(model, target)}
 

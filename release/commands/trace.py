@@ -40,6 +40,11 @@ def target_from_headers(text: str) -> tuple[str, str, str | None]:
     if version == "unregistered":
         raise InputError(f"{model} was served from a package folder, not a registered version",
                          hint="serve MODEL@ALIAS or MODEL/VERSION to make responses traceable")
+    adapter, adapter_version = headers.get("x-relctl-adapter"), headers.get("x-relctl-adapter-version")
+    if adapter and adapter_version:
+        # An answer generated with a LoRA adapter: its training run is the adapter's (the chain names the
+        # base version it ran on); the serving-config header is the base's, so it is not compared.
+        return adapter, adapter_version, None
     return model, version, headers.get("x-relctl-serving-config")
 
 
@@ -93,6 +98,9 @@ def trace(registry: Registry, model: str, version: str, served_config: str | Non
                                     "link": links.run_link(uri, run.experiment_id, r)}
                                    for i, r in enumerate(history)]
     out["gates"] = T.gate_statuses(tags)
+    if tags.get(T.KIND) == "adapter":
+        out["adapter_of"] = {"model": tags.get(T.BASE_MODEL), "version": tags.get(T.BASE_VERSION),
+                             "base_sha256": tags.get(T.BASE_SHA256)}
     training_id = tags.get(T.TRAINING_RUN)
     training: dict[str, Any] = {"id": training_id}
     if training_id:

@@ -50,6 +50,15 @@ RELEASE_STATE = "relctl.release_state"
 REJECTED_REASON = "relctl.rejected_reason"
 OCI_DIGEST = "relctl.oci_digest"            # oci://HOST/REPO@sha256:... of the published package
 EXPORTER_PREFIX = "relctl.exporter."
+# Adapters as release units (release/adapters/, docs/adapters.md). Every version records the base digest of
+# the weights it was built from (release/core/weights_digest.py) and, when an adapter was merged into them,
+# that adapter's digest; an adapter version names the base version it was built and validated for.
+BASE_SHA256 = "relctl.base_sha256"
+MERGED_ADAPTER_SHA256 = "relctl.merged_adapter_sha256"
+KIND = "relctl.kind"                        # "adapter" on an adapter version (absent: a whole model)
+BASE_MODEL = "relctl.base_model"
+BASE_VERSION = "relctl.base_version"
+ADAPTER_SHA256 = "relctl.adapter_sha256"
 
 GIT_COMMIT = "lineage.git_commit"
 GIT_DIRTY = "lineage.git_dirty"
@@ -78,6 +87,7 @@ NOTE = "mlflow.note.content"
 
 # Training run (written by the training code, read by intake)
 TRAINING_GIT_COMMIT = "mlflow.source.git.commit"
+TRAINING_BASE_SHA256 = "relctl.base_sha256"  # the base digest of the weights the run trained on
 TRAINING_GIT_DIRTY = "git.dirty"
 DATASET_CONTEXT = "mlflow.data.context"
 
@@ -97,7 +107,8 @@ OCI_RECORD_SIGNATURE = "relctl.oci_record_signature"
 VERSION_TAGS = frozenset({TRAINING_RUN, RELEASE_RUN, RELEASE_RUNS, GIT_COMMIT, PRECISION, BACKEND, RELEASE_STATE,
                           SERVING_CONFIG_HASH, MANIFEST_SHA256, CONTENT_SHA256, REJECTED_REASON, APPROVAL,
                           APPROVAL_SIGNATURE, GATED_AGAINST, OCI_DIGEST, SIGNED_BY, OCI_RECORD,
-                          OCI_RECORD_SIGNATURE})
+                          OCI_RECORD_SIGNATURE, BASE_SHA256, MERGED_ADAPTER_SHA256, KIND, BASE_MODEL,
+                          BASE_VERSION, ADAPTER_SHA256})
 MEMORY_PREFIX = "memory."
 TAG_VALUE_MAX = 5000                        # MLflow's limit on a tag value
 

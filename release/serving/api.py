@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from release.config import load_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
 from release.serving.server import load_state, package_settings, run_server
-from release.serving.source import resolve_package
+from release.serving.source import UNREGISTERED, ServedPackage, resolve_package
+
+if TYPE_CHECKING:
+    from release.adapters.serving import AdapterSetup
 
 
 def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: Path,
           config_path: Path | None = None, ready_file: Path | None = None,
           on_ready: Callable[[dict[str, Any]], None] | None = None, api_key: str | None = None,
-          served_model_name: str | None = None, cached_only: bool = False) -> None:
+          served_model_name: str | None = None, cached_only: bool = False, adapters: bool = False) -> None:
     """Verify and load `spec` and serve it until SIGINT/SIGTERM. `spec`: a package folder, MODEL@ALIAS,
     MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION (release.serving.source).
 
@@ -25,15 +29,43 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
     the model id clients see and send (default `<model>:<version>`; the X-Relctl-* headers always name
     the registered version). `cached_only`: a registered version only from the serve cache (see
     release.serving.source.resolve_package). `on_ready` receives {url, pid, model, serving_config, load_time_s}.
+    `adapters`: serve the base's production LoRA adapters beside it (the `model` field names one) and
+    let /admin/adapters load and unload them at run time (docs/adapters.md).
     """
     if api_key is not None and not api_key.strip():
         raise InputError("--api-key: empty", hint="pass a non-empty key, or leave the option and RELCTL_API_KEY unset")
     package = resolve_package(spec, project_dir, cached_only=cached_only)
     settings = _settings(config_path) if config_path is not None else package_settings(package)
-    state = load_state(package, settings, project_dir)
+    if adapters:
+        from release.adapters.serving import AdapterTable  # noqa: PLC0415 - only a server of adapters
+
+        setup = base_adapters(package, project_dir)
+        state = load_state(package, settings, project_dir, setup.folders)
+        table = AdapterTable(state.engine.runner, setup.fetch)  # type: ignore[arg-type]
+        for served in setup.served:
+            table.adopt(served)
+        state.adapters = table
+    else:
+        state = load_state(package, settings, project_dir)
     state.api_key = api_key
     state.served_name = served_model_name or ""
     run_server(state, host, port, ready_file=ready_file, on_ready=on_ready)
+
+
+def base_adapters(package: ServedPackage, project_dir: Path) -> AdapterSetup:
+    """The production adapters of the registered base `package` serves (InputError for a package folder)."""
+    from release.adapters.serving import adapter_setup  # noqa: PLC0415
+    from release.registry.client import open_registry  # noqa: PLC0415
+    from release.registry.store import STATE_DIR  # noqa: PLC0415
+    from release.signing.keys import project_trust  # noqa: PLC0415
+
+    ident = package.identity
+    if ident.version == UNREGISTERED:
+        raise InputError("--adapters serves a registered base (its adapters are found by its version)",
+                         hint="relctl serve MODEL@production --adapters")
+    return adapter_setup(open_registry(project_dir), ident.name, ident.version,
+                         project_dir / STATE_DIR / "serve-cache", project_trust(project_dir),
+                         lambda m: print(m, file=sys.stderr))
 
 
 def _settings(config_path: Path) -> ServerSettings:

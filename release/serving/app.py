@@ -17,6 +17,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from release.adapters.serving import AdapterTable
+from release.serving.admin import adapter_headers, admin_routes
 from release.serving.engine import Engine, Finished
 from release.serving.metrics import Identity, ServerMetrics
 from release.serving.openapi import openapi_schema
@@ -44,6 +46,7 @@ class ServerState:
     request_log: RequestLog
     served_name: str = ""  # the `model` clients send and see (--served-model-name); default model:version
     api_key: str | None = None  # when set, every path but /health needs `Authorization: Bearer <key>`
+    adapters: AdapterTable | None = None  # `relctl serve --adapters`: LoRA adapters beside the base
 
     @property
     def model_name(self) -> str:
@@ -78,7 +81,10 @@ def create_app(state: ServerState) -> ASGIApp:
                 "root": ident.name, "version": ident.version, "serving_config": ident.serving_config,
                 "max_model_len": state.engine.context_length,
                 "max_batch_size": state.engine.batching["max_batch_size"]}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [card, *({"id": a.model, "object": "model", "created": 0, "owned_by": "relctl", "root": ident.name,
+                          "parent": state.model_name, "version": a.version}
+                         for a in (state.adapters.listing() if state.adapters else []))]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def openapi(_: Request) -> Response:
         return JSONResponse(openapi_schema(state.identity, state.engine.settings, state.engine.limits,
@@ -96,6 +102,7 @@ def create_app(state: ServerState) -> ASGIApp:
             Route("/openapi.json", openapi),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat, methods=["POST"]),
+            *admin_routes(state),
         ],
         lifespan=lifespan,
     )
@@ -183,9 +190,10 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
         full = RequestProblem("queue", "server at capacity, retry later", status=429)
         return JSONResponse(full.body(), status_code=429, headers={"Retry-After": str(engine.retry_after_s())})
     run = Run(state, prepared, arrived, rid)
+    adapter = prepared.adapter
     try:
         events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s,
-                                 rid, on_job=run.attach)
+                                 rid, on_job=run.attach, adapter=adapter.engine_name if adapter else None)
         first = await anext(events)
         first_at = time.monotonic()
     except BaseException:
@@ -200,10 +208,11 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
     # Where the time to the first token went, for anyone measuring the server (W3C Server-Timing, ms):
     # reading, parsing, validating and tokenizing; then admission, queueing, prefill and the thread hops.
     timing = f"prepare;dur={(prepared_at - arrived) * 1e3:.2f}, first-token;dur={(first_at - prepared_at) * 1e3:.2f}"
+    headers = {"Server-Timing": timing, **adapter_headers(adapter)}
     if prepared.stream:
-        return RunStream(run, first, events, {"Server-Timing": timing})
+        return RunStream(run, first, events, headers)
     response = await run.whole(first, events)
-    response.headers["Server-Timing"] = timing
+    response.headers.update(headers)
     return response
 
 
@@ -217,7 +226,8 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
         raise RequestProblem("body", f"larger than this server's limit of {settings.max_body_bytes} bytes")
     req: SamplingFields = parse_body(raw, ChatRequest if chat else CompletionRequest)
     ident = state.identity
-    if req.model is not None and req.model not in (state.model_name, ident.model_id, ident.name):
+    adapter = state.adapters.lookup(req.model) if state.adapters and req.model else None
+    if req.model is not None and adapter is None and req.model not in (state.model_name, ident.model_id, ident.name):
         raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{state.model_name}'",
                              status=400)
     params = check_params(req, settings, engine.limits)
@@ -251,7 +261,7 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
             "max_tokens", f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) exceeds the model's context "
             f"of {engine.context_length} tokens")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params)
+    return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params, adapter)
 
 
 def check_scoring(engine: Engine, req: CompletionRequest) -> None:

@@ -52,10 +52,13 @@ def _project_dir(option: Path | None) -> Path:
 @click.option("--cached-only", is_flag=True,
               help="serve a registered version only from the serve cache, where a ModelCar or an init container "
                    "put it: a missing or changed file is refused (exit 2), never downloaded again")
+@click.option("--adapters", is_flag=True,
+              help="serve the base's production LoRA adapters beside it (the 'model' field names one) and "
+                   "accept /admin/adapters loads and unloads (with --api-key); docs/adapters.md")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
                   ready_file: Path | None, api_key: str | None, served_model_name: str | None,
-                  cached_only: bool) -> None:
+                  cached_only: bool, adapters: bool) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
     in-flight requests."""
@@ -67,7 +70,7 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
           ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name,
-          cached_only=cached_only)
+          cached_only=cached_only, adapters=adapters)
 
 
 @click.group("serving")

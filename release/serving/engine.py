@@ -19,8 +19,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from release.backends import backend_of
@@ -34,12 +35,17 @@ __all__ = ["Engine", "Finished", "StopMatcher", "open_engine"]
 log = logging.getLogger("relctl.serve")
 
 
-def open_engine(package: PackageManifest, settings: ServerSettings) -> Engine:
-    """The package's model loaded by its own backend, behind relctl's admission and thread pool."""
+def open_engine(package: PackageManifest, settings: ServerSettings,
+                adapters: Mapping[str, Path] | None = None) -> Engine:
+    """The package's model loaded by its own backend, behind relctl's admission and thread pool. `adapters`
+    (engine name: folder; may be empty): LoRA serving on, those loaded (release/adapters/serving.py)."""
     backend: Backend = backend_of(package)
     settings = admitted_settings(backend, settings)
     started = time.perf_counter()
-    runner = backend.open_runner(package.model_dir, settings)
+    if adapters is not None:
+        runner: Runner = backend.open_adapter_runner(package.model_dir, settings, adapters)
+    else:
+        runner = backend.open_runner(package.model_dir, settings)
     return Engine(runner, settings, time.perf_counter() - started, backend.id, backend.logprobs)
 
 
@@ -127,10 +133,12 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float, rid: str = "",
-                       on_job: Callable[[Job], None] | None = None) -> AsyncGenerator[str | Finished, None]:
+                       on_job: Callable[[Job], None] | None = None, adapter: str | None = None
+                       ) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot.
-        `on_job` receives the Job before it runs (a scored request reads its scores from it when finished)."""
-        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid)
+        `on_job` receives the Job before it runs (a scored request reads its scores from it when finished).
+        `adapter`: the engine's name of a loaded LoRA adapter to generate with."""
+        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid, adapter=adapter)
         if on_job is not None:
             on_job(job)
         batch = self.batch

@@ -26,6 +26,7 @@ from release.serving.protocol import (
 )
 
 if TYPE_CHECKING:
+    from release.adapters.serving import ServedAdapter
     from release.serving.app import ServerState
 
 
@@ -40,6 +41,7 @@ class Prepared:
     prompt: str
     prompt_ids: list[int]
     params: GenerationParams
+    adapter: ServedAdapter | None = None   # the LoRA adapter the `model` field named (release/adapters)
 
 
 class RunStream(StreamingResponse):

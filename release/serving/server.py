@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,11 @@ def package_settings(package: ServedPackage) -> ServerSettings:
                          hint="rebuild the package with a valid release.yaml") from exc
 
 
-def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Path) -> ServerState:
-    """Load the model (timed) and wire metrics and the request log."""
-    engine = open_engine(package.manifest, settings)
+def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Path,
+               adapters: Mapping[str, Path] | None = None) -> ServerState:
+    """Load the model (timed) and wire metrics and the request log. `adapters`: serve LoRA adapters beside
+    it, these loaded (engine name: folder)."""
+    engine = open_engine(package.manifest, settings, adapters)
     policy = settings.request_log
     log_dir = Path(policy.directory) if policy.directory else project_dir / STATE_DIR / "request-logs"
     metrics = ServerMetrics(package.identity, engine.load_time_s, lambda: engine.queue_depth,

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from release.core.hashing import sha256_file
+from release.core.weights_digest import adapter_digest, base_digest
 from release.registry import tags as T
 from release.registry.records import RunRecord
 
@@ -31,13 +32,18 @@ def training_lineage(run: RunRecord) -> dict[str, Any]:
 
 
 def checkpoint_lineage(checkpoint: Path, weight_files: list[Path]) -> dict[str, Any]:
-    """sha256 of config.json and of every weight and adapter file, as fetched."""
+    """sha256 of config.json and of every weight and adapter file, as fetched; the base digest of the weights
+    (what an adapter released onto this version is checked against) and the digest of an adapter merged in."""
     adapter = [checkpoint / n for n in ("adapter_config.json", "adapter_model.safetensors")
                if (checkpoint / n).is_file()]
+    weights = {p.name: sha256_file(p) for p in weight_files}
+    adapters = {p.name: sha256_file(p) for p in adapter}
     return {
         "config_sha256": sha256_file(checkpoint / "config.json"),
-        "weights_sha256": {p.name: sha256_file(p) for p in weight_files},
-        "adapter_sha256": {p.name: sha256_file(p) for p in adapter},
+        "weights_sha256": weights,
+        "adapter_sha256": adapters,
+        "base_sha256": base_digest(weights),
+        "merged_adapter_sha256": adapter_digest(adapters) if adapters else None,
     }
 
 

@@ -63,6 +63,8 @@ def version_tags(package: PackageManifest, lineage: dict[str, Any], extra: dict[
         T.SERVING_CONFIG_HASH: package.serving_config_hash,
         T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
         T.CONTENT_SHA256: content_sha256(package),
+        T.BASE_SHA256: lineage.get("checkpoint", {}).get("base_sha256"),
+        T.MERGED_ADAPTER_SHA256: lineage.get("checkpoint", {}).get("merged_adapter_sha256"),
         **extra,
     }
     return _as_tags(tags)

@@ -87,7 +87,7 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
                             "relctl.serving_config_hash",
                             "relctl.package_manifest_sha256", "relctl.package_content_sha256", "gate.eval.status",
                             "gate.safety.status", "gate.memory.status", "gate.load.status", "gate.canary.status",
-                            "relctl.signed_by"}
+                            "relctl.signed_by", "relctl.base_sha256", "relctl.merged_adapter_sha256"}
     assert documented_version_tags() >= {k for k in mv.tags if not k.endswith(".status")}
     assert mv.tags["relctl.training_run_id"] == story["runs"][0] and mv.tags["relctl.precision"] == "int4"
     # The run that registered v1 holds its package; release_run_id names the run that gated it last (this one,

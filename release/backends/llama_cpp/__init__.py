@@ -191,6 +191,12 @@ class LlamaCppBackend(Backend):
         return engine_memory(served_model(self, model_dir).server)
 
     # -- serving -----------------------------------------------------------------------------------
+    def adapter_problem(self, precision: str) -> str | None:
+        # llama.cpp applies LoRA GGUF files at run time (--lora, /lora-adapters), but the PEFT-to-GGUF converter
+        # (convert_lora_to_gguf.py) is not part of the installed llama.cpp tools: not built here yet.
+        return ("llama.cpp serves LoRA as GGUF files (--lora), but relctl does not convert PEFT adapters to "
+                "GGUF yet")
+
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
         from release.backends.llama_cpp.runner import LlamaCppRunner  # noqa: PLC0415 - starts a server
 

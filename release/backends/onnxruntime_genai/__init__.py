@@ -188,6 +188,13 @@ class OnnxruntimeGenaiBackend(Backend):
             return None
         return GenaiBatchProbe(model_dir, provider)
 
+    def adapter_problem(self, precision: str) -> str | None:
+        # og.Adapters feeds an .onnx_adapter file's tensors as graph inputs named for the LoRA weights; the
+        # model builder either leaves LoRA out or bakes one adapter into the graph (extra option adapter_path,
+        # its A/B as initializers, int4-quantized with the rest), so no base it builds takes one at run time.
+        return ("onnxruntime-genai 0.18 loads adapters (og.Adapters) only into a graph built with LoRA inputs, "
+                "and its model builder builds none: this base cannot take an adapter without a rebuild")
+
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
         from release.backends.onnxruntime_genai.runner import GenaiRunner  # noqa: PLC0415 - native libraries
 

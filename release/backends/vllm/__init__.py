@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.backends.base import (
+    AdapterRunner,
     Backend,
     Deploy,
     Deployment,
@@ -333,6 +335,26 @@ class VllmBackend(Backend):
         from release.backends.vllm.runner import VllmRunner  # noqa: PLC0415 - starts an engine process
 
         return VllmRunner.start(self, model_dir, settings)
+
+    # -- adapters: the PEFT folder, served unmerged by vLLM's LoRA layers (release/backends/vllm/adapters.py)
+    def adapter_problem(self, precision: str) -> str | None:
+        return None
+
+    def export_adapter(self, adapter_dir: Path, model_dir: Path, out: Path) -> None:
+        from release.backends.vllm import adapters  # noqa: PLC0415 - httpx: only adapter releases need it
+
+        adapters.export(adapter_dir, out)
+
+    def load_with_adapter(self, model_dir: Path, adapter_dir: Path) -> LoadedModel:
+        from release.backends.vllm.model import served_model  # noqa: PLC0415 - starts an engine process
+
+        return served_model(self, model_dir, adapter_dir)
+
+    def open_adapter_runner(self, model_dir: Path, settings: ServerSettings,
+                            adapters: Mapping[str, Path]) -> AdapterRunner:
+        from release.backends.vllm.runner import VllmRunner  # noqa: PLC0415 - starts an engine process
+
+        return VllmRunner.start(self, model_dir, settings, adapters)
 
     def server_command(self, model_dir: Path, served_name: str, host: str, port: int,
                        settings: ServerSettings | None = None, max_logprobs: int = 20) -> ServerCommand:

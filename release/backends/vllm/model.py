@@ -26,6 +26,7 @@ import numpy as np
 
 from release.backends.folder_facts import FolderFacts, model_facts
 from release.backends.processes import free_port
+from release.backends.vllm.adapters import with_lora
 from release.backends.vllm.engine import EngineProcess, log_path
 from release.core.tokenizer_file import load_tokenizer
 
@@ -33,20 +34,21 @@ if TYPE_CHECKING:
     from release.backends.vllm import VllmBackend
 
 SERVED_NAME = "candidate"
+BASE_NAME = "base"      # the base's name when SERVED_NAME is an adapter on it
 MAX_FULL_VOCAB = 4096   # up to this vocabulary size, every position's whole distribution is returned
 TOP_K = 20              # beyond it, the top k per position (vLLM's default --max-logprobs)
 
-_models: dict[Path, VllmModel] = {}
+_models: dict[tuple[Path, Path | None], VllmModel] = {}
 _lock = threading.Lock()
 
 
-def served_model(backend: VllmBackend, model_dir: Path) -> VllmModel:
-    """The running server for `model_dir`, started on first use."""
-    key = model_dir.resolve()
+def served_model(backend: VllmBackend, model_dir: Path, adapter: Path | None = None) -> VllmModel:
+    """The running server for `model_dir` (with the LoRA adapter folder `adapter` active), started on first use."""
+    key = (model_dir.resolve(), adapter.resolve() if adapter else None)
     with _lock:
         model = _models.get(key)
         if model is None or not model.alive():
-            model = VllmModel.start(backend, key)
+            model = VllmModel.start(backend, *key)
             _models[key] = model
         return model
 
@@ -64,12 +66,17 @@ class VllmModel(FolderFacts):
         self._tokenizer = load_tokenizer(model_dir / "tokenizer.json")
 
     @classmethod
-    def start(cls, backend: VllmBackend, model_dir: Path) -> VllmModel:
+    def start(cls, backend: VllmBackend, model_dir: Path, adapter: Path | None = None) -> VllmModel:
         config, _ = model_facts(model_dir)
         vocab = int(config["vocab_size"])
         top_k = vocab if vocab <= MAX_FULL_VOCAB else TOP_K
         port = free_port()
-        command = backend.server_command(model_dir, SERVED_NAME, "127.0.0.1", port, max_logprobs=top_k)
+        # With an adapter, the base serves under another name and SERVED_NAME is the adapter: every request
+        # below (tokenize, completions, log-probabilities) then runs base + adapter as vLLM serves them.
+        served = BASE_NAME if adapter else SERVED_NAME
+        command = backend.server_command(model_dir, served, "127.0.0.1", port, max_logprobs=top_k)
+        if adapter is not None:
+            command = with_lora(command, {SERVED_NAME: adapter})
         engine = EngineProcess(command, f"http://127.0.0.1:{port}", log_path("validate", port)).start()
         return cls(model_dir, engine, top_k)
 

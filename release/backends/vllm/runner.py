@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -21,6 +22,7 @@ import httpx
 from release.backends.folder_facts import model_facts
 from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
 from release.backends.processes import free_port
+from release.backends.vllm import adapters as lora
 from release.backends.vllm.engine import EngineProcess, log_path
 from release.core.jsonfile import load_json_object, optional
 from release.core.tokenizer_file import load_tokenizer
@@ -57,9 +59,13 @@ class VllmRunner:
         self._http = httpx.Client(base_url=engine.url, timeout=None, limits=pool)
 
     @classmethod
-    def start(cls, backend: VllmBackend, model_dir: Path, settings: ServerSettings) -> Self:
+    def start(cls, backend: VllmBackend, model_dir: Path, settings: ServerSettings,
+              adapters: Mapping[str, Path] | None = None) -> Self:
+        """vLLM behind relctl; with `adapters` (engine name: folder, may be empty) LoRA serving is on."""
         port = free_port()
         command = backend.server_command(model_dir, ENGINE_NAME, "127.0.0.1", port, settings)
+        if adapters is not None:
+            command = lora.with_lora(command, adapters)
         engine = EngineProcess(command, f"http://127.0.0.1:{port}", log_path("serve", port)).start()
         return cls(model_dir, engine, settings)
 
@@ -76,8 +82,8 @@ class VllmRunner:
     def decode_loop(self, job: Job) -> tuple[str, int]:
         params = job.params
         body: dict[str, Any] = {
-            "model": ENGINE_NAME, "prompt": job.prompt_ids, "max_tokens": params.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": params.ignore_eos,
+            "model": job.adapter or ENGINE_NAME, "prompt": job.prompt_ids, "max_tokens": params.max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": params.ignore_eos,
             "skip_special_tokens": False,
         }
         if sampled(params):
@@ -113,6 +119,12 @@ class VllmRunner:
                         finish = "stop" if choice["finish_reason"] == "stop" else "length"
         emit_text(job, stops.flush())
         return finish, count
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        lora.load(self._http, name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        lora.unload(self._http, name)
 
     def close(self) -> None:
         self._http.close()

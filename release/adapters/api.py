@@ -1,0 +1,37 @@
+"""`relctl promote RUN --onto MODEL@ALIAS`: the one function the CLI calls for an adapter release."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from release.adapters.release import AdapterReport
+from release.adapters.target import parse_target
+from release.core.progress import Progress
+
+
+def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | None,
+                 overrides: dict[str, Any], name: str | None, dry_run: bool, progress: Progress) -> AdapterReport:
+    """Release run `run_id`'s LoRA adapter onto the base version `onto` names, unmerged (docs/adapters.md).
+    Every input problem is found before any download: the target's spelling, release.yaml, the signing key,
+    the base by content digest."""
+    from release.adapters.release import release_adapter  # noqa: PLC0415 - the pipeline: not for a bad --onto
+    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415
+    from release.pipeline.runner import work_dir_for  # noqa: PLC0415
+    from release.registry.client import open_registry  # noqa: PLC0415
+    from release.signing.keys import release_key, trusted_keys  # noqa: PLC0415
+
+    target = parse_target(onto)
+    if config_path is None and (project_dir / CONFIG_FILE).is_file():
+        config_path = project_dir / CONFIG_FILE
+    cfg = load_config(config_path, overrides)
+    anchor = config_path.parent if config_path else project_dir
+    signer = release_key(cfg.signing, anchor)
+    trust = trusted_keys(cfg.signing, anchor)
+    registry = open_registry(project_dir)
+    work = work_dir_for(project_dir, run_id) / "adapter"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
+                           dry_run)

@@ -1,0 +1,150 @@
+"""Adapters on a running base (`relctl serve BASE --adapters`): which are served, under which names, and
+the switch an admin request or a rollback makes while the base keeps serving (same process, no restart).
+
+Clients name an adapter in the OpenAI `model` field by its registered model (`tiny-llm-support`); the engine
+holds each loaded version under its own name (`tiny-llm-support-v2`), so a switch loads the new version
+first, points the name at it, then unloads the old one: no request sees a missing adapter.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from release.backends.base import AdapterRunner
+from release.core.errors import InputError
+from release.core.package import PackageManifest
+from release.registry import PRODUCTION, Registry
+from release.registry import tags as T
+from release.registry.records import VersionRecord
+from release.signing.keys import Trust
+
+KIND = "adapter"
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    model: str           # the registered model, what clients send as `model`
+    version: str
+    engine_name: str     # what the engine loaded it as
+    folder: Path
+
+
+def engine_name(model: str, version: str) -> str:
+    return f"{model}-v{version}"
+
+
+def production_adapters(registry: Registry, base_model: str, base_version: str) -> dict[str, VersionRecord]:
+    """The production version of every adapter built for `base_model` v`base_version` (by its tags)."""
+    found: dict[str, VersionRecord] = {}
+    for name in registry.list_models():
+        mv = registry.version_for(name, PRODUCTION)
+        if mv is not None and mv.tags.get(T.KIND) == KIND and mv.tags.get(T.BASE_MODEL) == base_model \
+                and mv.tags.get(T.BASE_VERSION) == base_version:
+            found[name] = mv
+    return found
+
+
+def check_adapter_for(mv: VersionRecord, base_model: str, base_version: str, base_sha256: str | None) -> None:
+    """InputError unless `mv` is an adapter built and validated for this base version (same digest)."""
+    label = f"{mv.name} v{mv.version}"
+    if mv.tags.get(T.KIND) != KIND:
+        raise InputError(f"{label} is not an adapter", hint="load adapters released with relctl promote --onto")
+    built = (mv.tags.get(T.BASE_MODEL), mv.tags.get(T.BASE_VERSION))
+    if built != (base_model, base_version) or (base_sha256 and mv.tags.get(T.BASE_SHA256) != base_sha256):
+        raise InputError(f"{label} was built for {built[0]} v{built[1]} ({mv.tags.get(T.BASE_SHA256)}); this "
+                         f"server runs {base_model} v{base_version} ({base_sha256})",
+                         hint="release the adapter onto this base: relctl promote RUN --onto BASE@production")
+
+
+class AdapterTable:
+    """The adapters a server serves, switched under a lock; the engine's load/unload outside it."""
+
+    def __init__(self, runner: AdapterRunner, fetch: Callable[[str, str | None], tuple[str, PackageManifest]]
+                 ) -> None:
+        self.runner = runner
+        # (model, version or None for its production version) -> (version, its verified package), refusing
+        # an adapter that was not built for this server's base version
+        self.fetch = fetch
+        self._served: dict[str, ServedAdapter] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, model: str) -> ServedAdapter | None:
+        with self._lock:
+            return self._served.get(model)
+
+    def listing(self) -> list[ServedAdapter]:
+        with self._lock:
+            return sorted(self._served.values(), key=lambda a: a.model)
+
+    def adopt(self, served: ServedAdapter) -> None:
+        """An adapter the engine loaded at start (open_adapter_runner)."""
+        with self._lock:
+            self._served[served.model] = served
+
+    def switch(self, model: str, version: str | None) -> tuple[ServedAdapter | None, ServedAdapter]:
+        """Serve `model` at `version` (None: its production version): load it, point the name at it, unload
+        what it replaced; (old, new)."""
+        version, package = self.fetch(model, version)
+        current = self.lookup(model)
+        if current is not None and current.version == version:
+            return current, current
+        new = ServedAdapter(model, version, engine_name(model, version), package.model_dir)
+        self.runner.load_adapter(new.engine_name, new.folder)
+        with self._lock:
+            old = self._served.get(model)
+            self._served[model] = new
+        if old is not None:
+            self.runner.unload_adapter(old.engine_name)
+        return old, new
+
+    def remove(self, model: str) -> ServedAdapter:
+        with self._lock:
+            old = self._served.pop(model, None)
+        if old is None:
+            raise InputError(f"adapter {model} is not served here", hint="GET /admin/adapters lists them")
+        self.runner.unload_adapter(old.engine_name)
+        return old
+
+
+@dataclass(frozen=True)
+class AdapterSetup:
+    """What `relctl serve BASE --adapters` starts with: the production adapters of this base version."""
+
+    served: list[ServedAdapter]
+    fetch: Callable[[str, str | None], tuple[str, PackageManifest]]
+
+    @property
+    def folders(self) -> dict[str, Path]:
+        return {a.engine_name: a.folder for a in self.served}
+
+
+def adapter_setup(registry: Registry, base_model: str, base_version: str, cache: Path, trust: Trust,
+                  warn: Callable[[str], None]) -> AdapterSetup:
+    """The production adapters built for `base_model` v`base_version`, fetched and verified into `cache`, and
+    the fetcher later loads go through (the same checks)."""
+    from release.registry.versions import fetch_package  # noqa: PLC0415 - signing and the package checks
+
+    base = registry.get_version(base_model, base_version)
+    if base.tags.get(T.KIND) == KIND:
+        raise InputError(f"{base_model} v{base_version} is an adapter; serve its base with --adapters",
+                         hint=f"relctl serve {base.tags.get(T.BASE_MODEL)}@production --adapters")
+    digest = base.tags.get(T.BASE_SHA256)
+    lock = threading.Lock()
+
+    def fetch(model: str, version: str | None) -> tuple[str, PackageManifest]:
+        with lock:  # one registry client, one download at a time
+            mv = registry.version_for(model, PRODUCTION) if version is None else registry.get_version(model, version)
+            if mv is None:
+                raise InputError(f"{model} has no production version", hint="name a version")
+            check_adapter_for(mv, base_model, base_version, digest)
+            package = fetch_package(registry, model, str(mv.version), cache / model, mv, trust=trust, warn=warn)
+            return str(mv.version), package
+
+    served = []
+    for name, mv in production_adapters(registry, base_model, base_version).items():
+        version, package = fetch(name, str(mv.version))
+        served.append(ServedAdapter(name, version, engine_name(name, version), package.model_dir))
+    return AdapterSetup(served, fetch)

@@ -1,0 +1,117 @@
+"""Run-time adapter administration on a serving base (`relctl serve --adapters`, docs/adapters.md):
+
+    GET  /admin/adapters                     what is served: {model, version, engine_name}
+    POST /admin/adapters   {"model": M, "version": "3"}   serve M at v3 (no version: M's production)
+    POST /admin/adapters/unload   {"model": M}
+
+Behind the server's API key (BearerAuth covers every path but /health): a server started without one
+refuses these paths (403), since anyone who can reach it could otherwise change what it serves. Every
+version loaded is fetched and verified as serve verifies its base (manifest digest, signature) and must be
+built for this base version; the switch loads the new version before the old one is unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from release.core.errors import ReleaseError
+from release.serving.protocol import RequestProblem
+
+if TYPE_CHECKING:
+    from release.adapters.serving import ServedAdapter
+    from release.serving.app import ServerState
+
+
+def adapter_headers(adapter: ServedAdapter | None) -> dict[str, str]:
+    """X-Relctl-Adapter and -Adapter-Version on an answer generated with an adapter (the base's own
+    X-Relctl-Model/-Version are on every response)."""
+    if adapter is None:
+        return {}
+    return {"X-Relctl-Adapter": adapter.model, "X-Relctl-Adapter-Version": adapter.version}
+
+
+def _listing(state: ServerState) -> list[dict[str, str]]:
+    table = state.adapters
+    return [{"model": a.model, "version": a.version, "engine_name": a.engine_name}
+            for a in (table.listing() if table else [])]
+
+
+def admin_routes(state: ServerState) -> list[Route]:
+    """The admin paths, answering 403/404 unless the server has an API key and serves adapters."""
+
+    def refused() -> Response | None:
+        if state.api_key is None:
+            problem = RequestProblem("authorization", "admin paths need the server started with --api-key "
+                                     "(RELCTL_API_KEY)", status=403)
+            return JSONResponse(problem.body(), status_code=403)
+        if state.adapters is None:
+            problem = RequestProblem("adapters", "this server does not serve adapters (start it with --adapters)",
+                                     status=404)
+            return JSONResponse(problem.body(), status_code=404)
+        return None
+
+    async def listing(_: Request) -> Response:
+        return refused() or JSONResponse({"adapters": _listing(state)})
+
+    async def load(request: Request) -> Response:
+        denied = refused()
+        if denied is not None:
+            return denied
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        version = body.get("version")
+        if version is not None and not isinstance(version, str):
+            return _bad("version", "must be a string like \"3\"")
+        assert state.adapters is not None
+        table = state.adapters
+        started = time.monotonic()
+        try:
+            old, new = await asyncio.to_thread(table.switch, body["model"], version)
+        except ReleaseError as exc:
+            return _bad("model", exc.message, 409)
+        return JSONResponse({"model": new.model, "version": new.version, "replaced": old.version if old else None,
+                             "seconds": round(time.monotonic() - started, 3), "adapters": _listing(state)})
+
+    async def unload(request: Request) -> Response:
+        denied = refused()
+        if denied is not None:
+            return denied
+        body = await _body(request)
+        if isinstance(body, Response):
+            return body
+        assert state.adapters is not None
+        table = state.adapters
+        try:
+            old = await asyncio.to_thread(table.remove, body["model"])
+        except ReleaseError as exc:
+            return _bad("model", exc.message, 404)
+        return JSONResponse({"unloaded": old.model, "version": old.version, "adapters": _listing(state)})
+
+    return [Route("/admin/adapters", listing, methods=["GET"]), Route("/admin/adapters", load, methods=["POST"]),
+            Route("/admin/adapters/unload", unload, methods=["POST"])]
+
+
+async def _body(request: Request) -> dict[str, Any] | Response:
+    raw = await request.body()
+    if len(raw) > 4096:
+        return _bad("body", "larger than 4096 bytes")
+    import json  # noqa: PLC0415
+
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return _bad("body", "not JSON")
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not body["model"]:
+        return _bad("model", "required: the adapter's registered model name")
+    return body
+
+
+def _bad(field: str, message: str, status: int = 400) -> Response:
+    return JSONResponse(RequestProblem(field, message, status=status).body(), status_code=status)
