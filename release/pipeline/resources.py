@@ -25,7 +25,7 @@ from release.core.units import size
 GB = 1 << 30
 # (share of the checkpoint's bytes, bytes on top): the memory limit a promote completes inside (a cgroup
 # limit, page cache counted: a limit, not a peak RSS, since mapped checkpoint pages are reclaimable), and
-# the stage that comes closest to it. Checked by benchmarks/scaling.py at 0.5B-3B (README: Scaling).
+# the stage that comes closest to it. Checked by benchmarks/scaling.py at 0.5B-3B (docs/benchmarks.md, "Scaling").
 MEMORY_FIT: dict[str, tuple[float, int, str]] = {
     "int4": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
     "int8": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),

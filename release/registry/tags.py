@@ -1,7 +1,7 @@
 """Every MLflow tag name relctl writes or reads, in one place.
 
-A model version carries a small, stable set of tags (documented in the README; they change only with a
-note there), so the registry UI's versions table stays readable and searches keep working:
+A model version carries a small, stable set of tags (documented in docs/registry.md; they change only with
+a note there), so the registry UI's versions table stays readable and searches keep working:
 
     relctl.training_run_id          the training run the version was promoted from
     relctl.release_run_id           the latest release run that gated it: report, plots, every number

@@ -43,8 +43,8 @@ def relctl(project: Path, *args: str) -> Result:
 
 
 def documented_version_tags() -> set[str]:
-    """The tag names of the README's table of model-version tags (the first cell of each row)."""
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+    """The tag names of the documented table of model-version tags (the first cell of each row)."""
+    text = (Path(__file__).parents[2] / "docs" / "registry.md").read_text()
     section = text.split("### Tags on a model version", 1)[1].split("\n#", 1)[0]
     return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE))
 
@@ -81,7 +81,7 @@ def test_first_promote_registers_v1_as_production(story: dict[str, Any]) -> None
     assert report["aliases"] == {"production": [None, "1"]}
     registry = Registry(resolve_store(story["project"]))
     mv = registry.get_version(MODEL, "1")
-    # A small stable set of tags, documented in the README; numbers are metrics; lineage lives on the release run.
+    # A small stable set of tags, documented in docs/registry.md; numbers are metrics; lineage lives on the release run.
     assert set(mv.tags) == {"relctl.training_run_id", "relctl.release_run_id", "lineage.git_commit",
                             "relctl.release_runs", "relctl.precision", "relctl.backend", "relctl.release_state",
                             "relctl.serving_config_hash",
