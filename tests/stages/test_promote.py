@@ -214,10 +214,10 @@ def test_dry_run_runs_everything_and_registers_nothing(story: dict[str, Any]) ->
     assert (report["outcome"], report["version"]) == ("dry-run", None)
     assert [g["status"] for g in report["gates"]] == ["pass", "pass", "pass", "pass"]
     assert {"intake", "validate", "package"} <= set(report["stages"])
-    # Run 2 went through these stages when it was promoted: a re-run resumes them from their manifests,
-    # but for the fetched and merged checkpoints, removed once it was released (release/pipeline/workdirs.py).
+    # Run 2 went through these stages when it was promoted: a re-run resumes them from their manifests.
+    # (Whether intake and merge resume depends on the order tests run in: the release pruned their
+    # checkpoints, a dry run before this one fetched them again; pruning is tested in test_workdirs.py.)
     assert all(report["stages"][s]["resumed"] for s in ("reference", "convert", "validate"))
-    assert not any(report["stages"][s]["resumed"] for s in ("intake", "merge"))
     assert (registry.aliases(MODEL), len(registry.client.search_model_versions(f"name='{MODEL}'"))) == before
 
 
