@@ -70,7 +70,7 @@ postgres:
 # Tests run in a random order (pytest-randomly; the seed is printed: `pytest -p randomly --randomly-seed=N`
 # replays it), so no test depends on another having run first.
 test: install vllm-env llama-cpp-env browser tools postgres lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=40
 
 # Only the registry at scale: mlflow server on PostgreSQL + SeaweedFS S3 (also part of `make test`).
 test-scale: install postgres

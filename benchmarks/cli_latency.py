@@ -74,7 +74,7 @@ def make_project(project: Path) -> tuple[str, str]:
     from release.registry import Registry
     from release.registry import tags as T
     from release.registry.store import connect, ensure_experiment, resolve_store
-    from release.stages.register import promote_version
+    from release.registry.transitions import promote
 
     store = resolve_store(project)
     connect(store)
@@ -95,7 +95,7 @@ def make_project(project: Path) -> tuple[str, str]:
         registry.ensure_model(MODEL, "benchmark")
         tags = {T.RELEASE_RUN: run.info.run_id, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST)}
         mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id, tags, f"v{n}")
-        promote_version(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
+        promote(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
     checkpoint = work / "checkpoint"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text(json.dumps({"model_type": "llama"}))

@@ -105,7 +105,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
             dry_run: bool, summary_path: Path | None, keep_going: bool, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
-    from release.pipeline.progress import Progress
+    from release.core.progress import Progress
 
     ctx.as_json = as_json
     overrides: dict[str, Any] = {}
@@ -232,7 +232,7 @@ def approve(ctx: Ctx, spec: str, reason: str, as_json: bool) -> None:
     approval (you: $RELCTL_USER, else git's user.email, else your login) is recorded, signed with the release
     key when one is configured, and production moves to the version."""
     from release.commands import api
-    from release.pipeline.progress import Progress
+    from release.core.progress import Progress
 
     done = api.approve(spec, ctx.project_dir, reason, Progress(quiet=ctx.quiet))
     a = done.approval

@@ -4,9 +4,10 @@ pass    production -> candidate, previous -> the old production, candidate remov
 fail    candidate removed, the version tagged rejected with the reason; production never moves
 stopped (e.g. a rollback won) candidate removed, gate.canary.status=stopped; a version still
         `registering` becomes `stopped` (it never passed: registry/states.py keeps it off production)
-interrupted (SIGTERM, Ctrl-C during the canary) the same as stopped, by `unwind_canary`
+interrupted (SIGTERM, Ctrl-C during the canary) the same as stopped (transitions.unwind)
 
-The reason of every outcome is in the alias history entry; the version keeps only its stable tags.
+The reason of every outcome is in the alias history entry; the version keeps only its stable tags. Each
+move is one of the release-state transitions of release/registry/transitions.py.
 """
 
 from __future__ import annotations
@@ -14,17 +15,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from release.gating.contract import GateResult
-from release.registry import CANDIDATE, PRODUCTION, AliasMove, Registry
+from release.registry import PRODUCTION, AliasMove, Registry, transitions
 from release.registry import tags as T
-from release.registry.lock import retry_busy
-from release.registry.states import REGISTERING, STOPPED
-from release.stages.register import ProductionMoved, promote_version
+from release.registry.transitions import ProductionMoved
 
 if TYPE_CHECKING:  # the runner brings scipy (the judge): not for a promote that never reaches a canary
     from release.canary.runner import CanaryResult
 
 REJECTED_TAG = T.REJECTED_REASON
-STATUS_TAG = T.gate_status("canary")
+STATUS_TAG = transitions.CANARY_STATUS
 
 
 def canary_outcome(result: CanaryResult | GateResult) -> tuple[str, str]:
@@ -50,44 +49,24 @@ def finish_canary(registry: Registry, model: str, candidate_version: str, produc
         # The same compare-and-set under the model's lease as promote's register: production must still
         # be the version the canary compared with when the aliases move, not only when it was read.
         try:
-            move, _ = promote_version(registry, model, candidate_version, f"canary passed: {reason}", release_run,
-                                      expected_production=production_version, clear_candidate=True, action="canary")
+            move, _ = transitions.promote(registry, model, candidate_version, f"canary passed: {reason}",
+                                          release_run, expected_production=production_version,
+                                          clear_candidate=True, action="canary")
             registry.set_version_tag(model, candidate_version, STATUS_TAG, "pass")
             return move
         except ProductionMoved:
             pass
         current = registry.aliases(model).get(PRODUCTION)
-        return unwind_canary(registry, model, candidate_version,
-                             f"production moved to v{current} during the canary; it wins", release_run)
+        return transitions.unwind(registry, model, candidate_version,
+                                  f"production moved to v{current} during the canary; it wins", release_run)
     if outcome == "stopped":
-        return unwind_canary(registry, model, candidate_version, reason, release_run)
-    why = f"canary {outcome}: {reason}"
-    registry.set_version_tags(model, candidate_version, {STATUS_TAG: "fail", T.RELEASE_STATE: "rejected",
-                                                         REJECTED_TAG: why})
-    return registry.move_aliases(model, {CANDIDATE: None}, "canary-reject", why, release_run)
+        return transitions.unwind(registry, model, candidate_version, reason, release_run)
+    return transitions.reject(registry, model, candidate_version, f"canary {outcome}: {reason}", release_run,
+                              action="canary-reject", tags={STATUS_TAG: "fail"})
 
 
 def start_canary(registry: Registry, model: str, candidate_version: str, release_run: str | None = None
                  ) -> AliasMove | None:
     """Point `candidate` at the version under canary (a history entry of its own)."""
-    return registry.move_aliases(model, {CANDIDATE: candidate_version}, "canary-start",
-                                 f"v{candidate_version} under canary", release_run)
-
-
-def unwind_canary(registry: Registry, model: str, candidate_version: str, reason: str,
-                  release_run: str | None = None) -> AliasMove | None:
-    """A canary cut short (a rollback won, a signal): `candidate` removed if it still names the version,
-    gate.canary.status=stopped, and a version still `registering` becomes `stopped`, never left half-released.
-
-    Runs while the process unwinds, often right after the canary's servers wrote to the same SQLite store:
-    each write is retried while the store answers "database is locked".
-    """
-
-    def drop_candidate(current: dict[str, str]) -> dict[str, str | None]:
-        return {CANDIDATE: None} if current.get(CANDIDATE) == candidate_version else {}
-
-    move, _ = retry_busy(lambda: registry.locked_move(model, drop_candidate, "canary-stopped", reason, release_run))
-    state = retry_busy(lambda: registry.get_version(model, candidate_version).tags.get(T.RELEASE_STATE))
-    tags = {STATUS_TAG: "stopped", **({T.RELEASE_STATE: STOPPED} if state == REGISTERING else {})}
-    retry_busy(lambda: registry.set_version_tags(model, candidate_version, tags))
-    return move
+    return transitions.nominate(registry, model, candidate_version, "canary-start",
+                                f"v{candidate_version} under canary", release_run)

@@ -8,16 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release.canary.outcome import finish_canary, start_canary, unwind_canary
+from release.canary.outcome import finish_canary, start_canary
 from release.canary.runner import CanaryResult, run_canary
 from release.canary.servers import Registered, served
 from release.canary.settings import CanaryConfig
 from release.core.errors import InputError, ReleaseError
-from release.pipeline.versions import fetch_package
-from release.registry import CANDIDATE, PRODUCTION, Registry
+from release.registry import CANDIDATE, PRODUCTION, Registry, transitions
 from release.registry import tags as T
 from release.registry.client import open_registry
 from release.registry.states import AWAITING_APPROVAL, REJECTED, alias_refusal
+from release.registry.versions import fetch_package
 from release.signing.keys import project_trust
 
 
@@ -49,9 +49,10 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         raise InputError(f"{model}: no '{CANDIDATE}' alias", hint="pass --version V to put a version under canary")
     if candidate == production:
         raise InputError(f"{model}: v{candidate} already is production", hint="pass --version with another version")
-    state = registry.get_version(model, candidate).tags.get(T.RELEASE_STATE)
+    tags = registry.get_version(model, candidate).tags
+    state = tags.get(T.RELEASE_STATE)
     if state in (AWAITING_APPROVAL, REJECTED):  # its pass could not move production: refused before serving
-        why = alias_refusal(PRODUCTION, candidate, {T.RELEASE_STATE: state}, None)
+        why = alias_refusal(PRODUCTION, candidate, tags, None)
         raise InputError(f"{model}: v{candidate} cannot be canaried into production: {why}",
                          hint=f"relctl approve {model}/{candidate} --reason ..." if state == AWAITING_APPROVAL
                          else "release a new version: a rejected one never serves production")
@@ -69,10 +70,10 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
             result = run_canary(prod.url, cand.url, config, work, base_dir,
                                 should_stop=production_moved(registry, model, production), progress=say)
     except ReleaseError as exc:
-        registry.move_aliases(model, {CANDIDATE: None}, "canary-error", f"canary could not run: {exc.message}", None)
+        transitions.drop_candidate(registry, model, "canary-error", f"canary could not run: {exc.message}", None)
         raise
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: the candidate does not stay aliased behind a dead canary
-        unwind_canary(registry, model, candidate, "canary interrupted")
+        transitions.unwind(registry, model, candidate, "canary interrupted")
         raise
     move = finish_canary(registry, model, candidate, production, result)
     extra = {"model": model, "production_version": production, "candidate_version": candidate,

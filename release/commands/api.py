@@ -24,7 +24,7 @@ from release.registry.store import connect, resolve_store
 from release.signing.keys import project_signing_key, project_trust
 
 if TYPE_CHECKING:
-    from release.pipeline.progress import Progress
+    from release.core.progress import Progress
     from release.pipeline.report import ReleaseReport
 
 
@@ -45,9 +45,9 @@ def promote(
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
     from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the read commands
+    from release.core.progress import Progress  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
     from release.pipeline.contract import require_contract  # noqa: PLC0415 - as above
-    from release.pipeline.progress import Progress  # noqa: PLC0415 - as above
 
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
@@ -91,9 +91,9 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     if to_version is not None:
         check_version_number(to_version, "--to")
+    from release.core.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
     from release.pipeline.approve import require_approved  # noqa: PLC0415 - as above
-    from release.pipeline.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
-    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - as above
+    from release.registry.versions import fetch_verified  # noqa: PLC0415 - as above
 
     registry = open_registry(project_dir)
     registry.require_model(model)
@@ -171,7 +171,7 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
     """`relctl verify`: a registered version (MODEL/VERSION, MODEL@ALIAS) or a package folder, checked against
     its manifest and signed by a trusted key. Unsigned is refused here whatever signing.unsigned says."""
     from release.core.package import verify_package  # noqa: PLC0415 - keeps api's import light
-    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - as above
+    from release.registry.versions import fetch_verified  # noqa: PLC0415 - as above
     from release.serving.source import parse_spec  # noqa: PLC0415 - as above
     from release.signing.package import verify_signature  # noqa: PLC0415 - as above
 
@@ -217,8 +217,8 @@ def _verified_approval(tags: dict[str, str], trust: Any, model: str, version: st
 def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None = None) -> Any:
     """`relctl approve MODEL/VERSION`: record who approved a version waiting for it, move production to it
     (release/pipeline/approve.py). Refusals are exit 2, before anything is written."""
+    from release.core.progress import Progress  # noqa: PLC0415 - as above
     from release.pipeline.approve import approve as approve_version  # noqa: PLC0415 - not for the read commands
-    from release.pipeline.progress import Progress  # noqa: PLC0415 - as above
     from release.signing.approval import approver  # noqa: PLC0415 - as above
 
     name, _, version = spec.partition("/")

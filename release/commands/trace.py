@@ -15,9 +15,9 @@ from typing import Any
 
 from release.core.errors import InputError, RegistryError
 from release.core.jsonfile import read_jsonl
-from release.pipeline.versions import fetch_verified
 from release.registry import Registry, links
 from release.registry import tags as T
+from release.registry.versions import fetch_verified
 from release.signing.keys import Trust
 
 

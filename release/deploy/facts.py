@@ -22,10 +22,10 @@ from release.core.errors import InputError
 from release.core.hashing import sha256_file
 from release.core.jsonfile import load_json
 from release.core.package import LEGACY_BACKEND, MANIFEST, load_manifest_data
-from release.pipeline.versions import package_uri
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import VersionRecord
+from release.registry.versions import package_uri
 
 TEMPLATE = "kserve-inferenceservice.yaml"
 

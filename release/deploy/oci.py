@@ -36,6 +36,7 @@ from release.core.errors import InputError, RegistryError
 from release.core.hashing import sha256_file
 from release.core.jsonfile import parse_json
 from release.core.package import MANIFEST, verify_package
+from release.registry.versions import fetch_package, fetch_verified
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -392,7 +393,6 @@ def publish_version(spec: str, target: str, project_dir: Path, base: str | None 
     recorded at release, signature), pushed, and its pinned URI recorded on the version."""
     from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
     from release.deploy.pinning import record_publication  # noqa: PLC0415
-    from release.pipeline.versions import fetch_package  # noqa: PLC0415 - loads mlflow
     from release.registry import tags as T  # noqa: PLC0415
     from release.registry.client import open_registry  # noqa: PLC0415
     from release.signing.keys import project_signing_key, project_trust  # noqa: PLC0415
@@ -482,7 +482,6 @@ def _pull_into(source: str, partial: Path, project_dir: Path, trust: Any, model:
                    if model is not None and version is not None else verify_signature(root, trust, source))
         return package, verdict
     from release.deploy.kserve import parse_version_spec  # noqa: PLC0415
-    from release.pipeline.versions import fetch_verified  # noqa: PLC0415 - loads mlflow
 
     name, number = parse_version_spec(source)
     return fetch_verified(open_registry(project_dir, read_only=True), name, number, partial, trust=trust)

@@ -26,6 +26,7 @@ from release.core.errors import InputError
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.records import VersionRecord
+from release.registry.versions import verify_version
 from release.signing.approval import sign_approval, verify_approval
 from release.signing.keys import SigningKey, Trust
 
@@ -166,8 +167,6 @@ def pinned_oci(mv: VersionRecord, trust: Trust) -> str | None:
 def check_pulled(registry: Registry, model: str, version: str, source: str, root: Path, trust: Trust) -> Any:
     """`relctl pull oci://...@sha256:D --model M --version V`: D must be the digest V's signed publication
     record names, and the pulled package must verify as V (files, signature, binding). The Verdict."""
-    from release.pipeline.versions import verify_version  # noqa: PLC0415 - loads mlflow
-
     mv = registry.get_version(model, version)
     pinned = pinned_oci(mv, trust)
     if pinned != source:

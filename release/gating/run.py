@@ -9,13 +9,13 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from release.core.faults import pause_point
+from release.core.progress import Progress
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, gate_phase
 from release.gating.plugins import run_gate
-from release.pipeline.progress import Progress
-from release.pipeline.versions import fetch_package
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.runs import ReleaseRun
+from release.registry.versions import fetch_package
 from release.signing.keys import Trust
 
 PLOTS_ARTIFACT = "plots"

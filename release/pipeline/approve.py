@@ -25,10 +25,10 @@ from pathlib import Path
 
 from release.core.errors import InputError
 from release.core.escape import markdown
-from release.pipeline.versions import fetch_package
-from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
+from release.registry import PRODUCTION, AliasMove, Registry, transitions
 from release.registry import tags as T
-from release.registry.states import APPROVED, AWAITING_APPROVAL, RELEASED, approval_refusal
+from release.registry.states import APPROVED, AWAITING_APPROVAL, approval_refusal
+from release.registry.versions import fetch_package
 from release.signing.approval import Approval, Approver, approval_status, new_approval, sign_approval
 from release.signing.keys import SigningKey, Trust
 from release.signing.package import Verdict
@@ -64,28 +64,19 @@ def approve(registry: Registry, model: str, version: str, reason: str, who: Appr
     statement = approval.statement()
     signature = sign_approval(statement, signer) if signer is not None else ""
 
-    def decide(current: dict[str, str]) -> dict[str, str | None]:
+    def check(tags: dict[str, str], current: dict[str, str]) -> None:
         # Under the lease: another approve, a rollback or a rejection may have got here first.
-        tags = dict(registry.get_version(model, version).tags)
         _check_approvable(registry, model, version, tags, current)
         if tags.get(T.CONTENT_SHA256) != approval.content_sha256:
             raise InputError(f"{model} v{version}: its package digests changed while it was being approved",
                              hint="check the version with relctl verify, then approve again")
-        registry.set_version_tags(model, version, {T.APPROVAL: statement, T.APPROVAL_SIGNATURE: signature,
-                                                   T.RELEASE_STATE: APPROVED})
-        changes: dict[str, str | None] = {PRODUCTION: version}
-        now = current.get(PRODUCTION)
-        if now is not None and now != version:
-            changes[PREVIOUS] = now
-        if current.get(CANDIDATE) == version:
-            changes[CANDIDATE] = None
-        return changes
 
-    move, notes = registry.locked_move(model, decide, "approve", f"approved by {who.name}: {approval.reason}",
-                                       approval.release_run, user=who.name)
+    move, notes = transitions.approve(registry, model, version, check,
+                                      {T.APPROVAL: statement, T.APPROVAL_SIGNATURE: signature},
+                                      f"approved by {who.name}: {approval.reason}", approval.release_run,
+                                      user=who.name)
     for note in notes:
         warn(note)
-    registry.set_version_tag(model, version, T.RELEASE_STATE, RELEASED)
     signed_by = signer.label if signer is not None else None
     _mark_card(registry, model, version, approval, signer)
     return Approved(approval, move, signed_by)

@@ -24,10 +24,10 @@ from typing import Any
 from release.backends import AUTO, get_backend
 from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
+from release.core.progress import Progress
 from release.core.units import size
 from release.gating.contract import Gate, GateContext, GateResult, Problem
 from release.gating.plugins import run_gate
-from release.pipeline.progress import Progress
 
 LOAD_GATE = "load"
 

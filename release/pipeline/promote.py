@@ -7,6 +7,11 @@ after register    gates that need the registered version (the canary), with `can
 
 Aliases move only in the register phase or after, once every check passed, so a failed or blocked
 promote changes no production alias. Each attempt is a release run holding its report, whatever the outcome.
+
+This module keeps the order of the phases. The build stages are wired in release/pipeline/builds.py (for a
+configuration passed in), the engines comparison is release/pipeline/comparison.py, every release-state
+transition (register, promote, reject, await approval, unwind) is release/registry/transitions.py, and the
+report's links are release/pipeline/report_links.py.
 """
 
 from __future__ import annotations
@@ -17,41 +22,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from release.backends import AUTO, Backend, get_backend
-from release.canary.outcome import unwind_canary
-from release.config import EngineConfig, ReleaseConfig
+from release.backends import AUTO, Backend
+from release.config import ReleaseConfig
 from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
-from release.core.hashing import sha256_file
-from release.core.package import MANIFEST, PackageManifest, verify_package
+from release.core.package import PackageManifest
+from release.core.progress import Progress
 from release.core.units import size
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef
 from release.gating.plugins import load_gates
 from release.gating.report import render_html, render_markdown, result_to_dict
 from release.gating.run import gates_of_phase, log_result, plot_artifacts, production_ref, run_phase_gates
 from release.pipeline.advice import after_validation_failure
+from release.pipeline.builds import Builds
+from release.pipeline.comparison import compare_in_release
 from release.pipeline.contract import ContractReport, require_contract
-from release.pipeline.engines import (
-    Comparison,
-    EngineBuild,
-    compare_engines,
-    decide,
-    engines_section,
-    load_gate,
-)
+from release.pipeline.engines import Comparison, engines_section, load_gate
 from release.pipeline.failure import Terminated, classify
-from release.pipeline.lineage import repo_state
-from release.pipeline.progress import Progress
 from release.pipeline.report import (
-    COMPARED,
     DETAILS_ARTIFACT,
-    DETAILS_LINK,
-    METRICS_LINK,
-    PLOT_LINK,
-    RELEASE_RUN_LINK,
-    REPLACED,
-    TRAINING_RUN_LINK,
-    VERSION_LINK,
     ReleaseReport,
     details_markdown,
     model_card,
@@ -59,24 +48,21 @@ from release.pipeline.report import (
     release_metrics,
     summary_markdown,
 )
+from release.pipeline.report_links import add_links
 from release.pipeline.runner import Done, Pipeline, promote_lock, work_dir_for
 from release.pipeline.workdirs import prune_released
-from release.registry import CANDIDATE, PRODUCTION, Registry, links
+from release.registry import PRODUCTION, Registry, transitions
 from release.registry import tags as T
-from release.registry.client import logged_model_id
 from release.registry.errors import as_registry_error
 from release.registry.runs import ReleaseRun
 from release.registry.states import AWAITING_APPROVAL
 from release.registry.store import Store
+from release.registry.transitions import ProductionMoved
 from release.signing.keys import SigningKey, Trust, release_key, trusted_keys
 from release.stages import register as reg
-from release.stages.convert import ConvertInputs, ConvertOutputs, ConvertStage
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
-from release.stages.memory import MemoryInputs, MemoryResult, MemoryStage, memory_settings
+from release.stages.lineage import repo_state
 from release.stages.merge import MergeInputs, MergeStage
-from release.stages.package import PackageInputs, PackageStage
-from release.stages.reference import ReferenceInputs, ReferenceResult, ReferenceStage
-from release.stages.validate import ValidateInputs, ValidateResult, ValidateStage
 
 
 class Promotion:
@@ -100,7 +86,7 @@ class Promotion:
     def card(self, report: ReleaseReport) -> str:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
         (report/details.md of the release run, written by _log_report)."""
-        self._add_links(report)
+        add_links(self.registry, report)
         # Sections of their own (tables) sit between the decision and the details link.
         sections = ["\n".join(engines_section(report.engines))] if report.engines else []
         return model_card(report, sections)
@@ -165,7 +151,8 @@ class Promotion:
         When an error is already on its way out, a failure here (often the same dead tracking server) is
         a note, never raised: raised from a `finally`, an MlflowException replaced a RegistryError (exit 4)
         and the promote exited 3, as a bug. Once one registry write failed, the others are not tried."""
-        steps: list[Callable[[], None]] = [lambda: self._add_links(report), lambda: self._log_report(run, report)]
+        steps: list[Callable[[], None]] = [lambda: add_links(self.registry, report),
+                                           lambda: self._log_report(run, report)]
         for step in steps:
             try:
                 step()
@@ -194,16 +181,19 @@ class Promotion:
         report.lineage = {**intake.result.lineage, "release_repo": repo_state(self._repo_anchor())}
         self._check_precision_range(intake.result)
         checkpoint, upstream = self._merge(pipe, intake)
-        if self.cfg.engines:  # engines side by side; with convert.backend: auto the table picks the engine
-            backend = self._engines(pipe, intake, checkpoint, upstream, name, report, gates, backend)
-        reference, candidate = self._convert(pipe, intake, checkpoint, upstream, backend)
-        validation = self._validate(pipe, intake, reference, candidate, checkpoint)
+        builds = Builds(pipe, intake, checkpoint, upstream, self._repo_anchor())
+        cfg = self.cfg  # what is built: release.yaml's convert, or the engine auto chose from the comparison
+        if cfg.engines:  # engines side by side; with convert.backend: auto the table picks the engine
+            compared = compare_in_release(cfg, builds, name, report, gates, backend, self.progress)
+            self.engines, cfg, backend = compared.comparison, compared.cfg, compared.backend
+        reference, candidate = builds.convert(cfg, backend)
+        validation = builds.validate(cfg, reference, candidate)
         report.validation = validation.result.model_dump(mode="json")
         if not validation.result.passed:
             report.block(validation.result.failures)
             raise Blocked(f"validation failed: {validation.result.failures[0]}",
-                          hint=after_validation_failure(self.cfg.convert.precision))
-        memory = self._memory(pipe, candidate, checkpoint)
+                          hint=after_validation_failure(cfg.convert.precision))
+        memory = builds.memory(cfg, candidate)
         report.memory = memory.result.estimate
         if not memory.result.fits:
             e = memory.result.estimate
@@ -214,7 +204,7 @@ class Promotion:
             report.block([reason])
             raise Blocked(reason, hint="lower serving.concurrency or serving.context_tokens, choose a smaller "
                                        "precision, or plan a larger accelerator (serving.gpu_memory_gib)")
-        package = self._package(pipe, name, report, candidate, checkpoint, validation)
+        package = builds.package(cfg, name, report, candidate, validation)
         production = production_ref(self.registry, name, pipe.work_dir / "production", self.trust)
         if production is not None:
             report.production = {"version": production.version, "metrics": production.metrics}
@@ -247,63 +237,6 @@ class Promotion:
             self.progress.note(f"work folder: removed the fetched and merged checkpoints ({size(freed)}); a "
                                "re-run fetches them again and resumes the rest")
 
-    def _memory(self, pipe: Pipeline, candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[MemoryResult]:
-        return pipe.run(MemoryStage(MemoryInputs(
-            candidate=candidate.fingerprint, settings=memory_settings(self.cfg.serving),
-            backend=candidate.result.backend, runtime_dir=candidate.path(candidate.result.model),
-            config_path=checkpoint / "config.json")))
-
-    def _engines(self, pipe: Pipeline, intake: Done[IntakeResult], checkpoint: Path, upstream: str, name: str,
-                 report: ReleaseReport, gates: list[Gate], backend: Backend) -> Backend:
-        """Each entry of engines: built by this release's own stages (with convert swapped to it, so the one
-        released resumes from the same folders) and load-tested by the load gate; returns the backend to
-        release: the cheapest that met quality and the SLOs under convert.backend: auto, else convert's."""
-        released_cfg = self.cfg
-
-        def with_engine(entry: EngineConfig) -> ReleaseConfig:
-            convert = released_cfg.convert.model_copy(update={"backend": entry.backend, "precision": entry.precision})
-            return released_cfg.model_copy(update={"convert": convert})
-
-        def build(entry: EngineConfig) -> EngineBuild:
-            self.cfg = with_engine(entry)
-            try:
-                reference, candidate = self._convert(pipe, intake, checkpoint, upstream, get_backend(entry.backend))
-                validation = self._validate(pipe, intake, reference, candidate, checkpoint)
-                verdict = validation.result.model_dump(mode="json")
-                if not validation.result.passed:
-                    return EngineBuild(verdict)
-                memory = self._memory(pipe, candidate, checkpoint).result.estimate
-                # The same package fields as the release's own: the engine taken resumes this folder.
-                scratch = ReleaseReport(model=name, training_run=report.training_run, release_run=None,
-                                        precision=entry.precision, lineage=report.lineage, validation=verdict)
-                package = self._package(pipe, name, scratch, candidate, checkpoint, validation)
-                return EngineBuild(verdict, package.root, memory, scratch.package.get("content_sha256"))
-            finally:
-                self.cfg = released_cfg
-
-        def context(entry: EngineConfig, package_dir: Path) -> GateContext:
-            work = intake.dir.parent / "engines" / f"{entry.backend}-{entry.precision}" / "load"
-            return GateContext(model_name=name, package_dir=package_dir, work_dir=work, production=None,
-                               config_dir=self._repo_anchor())
-
-        comparison = compare_engines(self.cfg, gates, build, context, self.progress)
-        try:
-            chosen = decide(comparison, self.cfg)
-        except Blocked as exc:
-            report.block([exc.message])
-            raise
-        finally:  # the table, with each row's reason, whether or not an engine qualified
-            report.engines = comparison.to_dict()
-            self.engines = comparison
-        if comparison.selection != "auto" or chosen is None:
-            return backend
-        self.cfg = with_engine(EngineConfig(backend=chosen.engine, precision=chosen.precision))
-        report.precision = chosen.precision
-        report.engine = {"backend": chosen.engine, "precision": chosen.precision,
-                         "why": f"convert.backend: auto, {comparison.why[0]}"}
-        self.progress.info(f"engine: {chosen.engine} {chosen.precision} (convert.backend: auto, {comparison.why[0]})")
-        return get_backend(chosen.engine)
-
     def _check_precision_range(self, intake: IntakeResult) -> None:
         if self.cfg.convert.precision != "fp16" or not intake.fp16_overflow:
             return
@@ -316,75 +249,12 @@ class Promotion:
     def _repo_anchor(self) -> Path:
         return self.config_path.parent if self.config_path else self.project_dir
 
-    def _resolve(self, value: str) -> Path:
-        """A path from release.yaml: relative to release.yaml's folder, never the process's cwd."""
-        path = Path(value)
-        return path if path.is_absolute() else self._repo_anchor() / path
-
     def _merge(self, pipe: Pipeline, intake: Done[IntakeResult]) -> tuple[Path, str]:
         checkpoint = intake.path(intake.result.checkpoint)
         if intake.result.summary.adapter is None or not self.cfg.merge.enabled:
             return checkpoint, intake.fingerprint
         merged = pipe.run(MergeStage(MergeInputs(upstream=intake.fingerprint, base=checkpoint, adapter=checkpoint)))
         return merged.path(merged.result.model), merged.fingerprint
-
-    def _convert(self, pipe: Pipeline, intake: Done[IntakeResult], checkpoint: Path, upstream: str,
-                 backend: Backend) -> tuple[Done[Any], Done[ConvertOutputs]]:
-        conv = self.cfg.convert
-
-        def stage(precision: str, label: str) -> ConvertStage:
-            return ConvertStage(ConvertInputs(upstream=upstream, precision=precision, backend=backend.id,
-                                              execution_provider=conv.execution_provider,
-                                              checkpoint=checkpoint), label=label)
-
-        if backend.reference_from_checkpoint:
-            # The checkpoint's own numbers, computed once (release/stages/reference.py); one build.
-            prompts = self._prompts(intake)
-            reference: Done[Any] = pipe.run(ReferenceStage(ReferenceInputs(
-                upstream=upstream, backend=backend.id, prompts_sha256=sha256_file(prompts),
-                max_new_tokens=self.cfg.validation.max_new_tokens, checkpoint=checkpoint, prompts_path=prompts)))
-            return reference, pipe.run(stage(conv.precision, "convert"))
-        built = pipe.run(stage("fp32", "reference"))
-        if conv.precision == "fp32":
-            return built, built
-        return built, pipe.run(stage(conv.precision, "convert"))
-
-    def _prompts(self, intake: Done[IntakeResult]) -> Path:
-        vcfg = self.cfg.validation
-        prompts = self._resolve(vcfg.prompts) if vcfg.prompts else (
-            intake.path(intake.result.prompts) if intake.result.prompts else None)
-        if prompts is None:
-            raise InputError(f"run '{intake.result.lineage['training']['run_id']}' has no validation prompts",
-                             hint="log validation/prompts.jsonl with the run or set validation.prompts in release.yaml")
-        return prompts
-
-    def _validate(self, pipe: Pipeline, intake: Done[IntakeResult], reference: Done[Any],
-                  candidate: Done[ConvertOutputs], checkpoint: Path) -> Done[ValidateResult]:
-        prompts = self._prompts(intake)
-        reference_dir = reference.dir if isinstance(reference.result, ReferenceResult) else \
-            reference.path(reference.result.model)
-        return pipe.run(ValidateStage(ValidateInputs(
-            reference=reference.fingerprint, candidate=candidate.fingerprint, prompts_sha256=sha256_file(prompts),
-            thresholds=self.cfg.validation, reference_dir=reference_dir,
-            candidate_dir=candidate.path(candidate.result.model), prompts_path=prompts,
-            backend=candidate.result.backend, tokenizer=checkpoint / "tokenizer.json")))
-
-    def _package(self, pipe: Pipeline, name: str, report: ReleaseReport, candidate: Done[ConvertOutputs],
-                 checkpoint: Path, validation: Done[ValidateResult]) -> PackageManifest:
-        c = candidate.result
-        fields = {"model_name": name, "precision": self.cfg.convert.precision,
-                  "exporter": {"exporter": c.backend, "versions": c.versions},
-                  "lineage": report.lineage, "serving": self.cfg.serving.model_dump(), "validation": report.validation}
-        out = pipe.run(PackageStage(PackageInputs(validation=validation.fingerprint, backend=c.backend, fields=fields,
-                                                  link_model=True, runtime_dir=candidate.path(c.model),
-                                                  source_dir=checkpoint)))
-        # Verified here, whether built now or resumed: gates serve it and register publishes it.
-        manifest = verify_package(out.path(out.result.package))
-        report.package = {"manifest_sha256": sha256_file(manifest.root / MANIFEST),
-                          "content_sha256": reg.content_sha256(manifest),
-                          "serving_config_hash": manifest.serving_config_hash, "files": len(manifest.files),
-                          "backend": manifest.backend_id}
-        return manifest
 
     def _gates(self, phase: GatePhase, gates: list[Gate], name: str, package: PackageManifest,
                intake: Done[IntakeResult], report: ReleaseReport, production: ProductionRef | None,
@@ -526,17 +396,16 @@ class Promotion:
             why = str(stopped[0].details.get("reason") or stopped[0].reason)
             for entry in report.gates:
                 entry["status"] = "stopped" if entry["gate"] == stopped[0].gate else entry["status"]
-            unwind_canary(self.registry, name, version, f"canary stopped: {why}", run.run_id)
+            transitions.unwind(self.registry, name, version, f"canary stopped: {why}", run.run_id)
             self._record(name, version, run, report)
-            raise reg.ProductionMoved(f"{name}: canary of v{version} stopped: {why}; v{version} was registered "
-                                      "but not promoted (tagged stopped)",
-                                      hint="production changed under this release (a rollback?); re-run relctl "
-                                           "promote to gate the candidate against the new production")
+            raise ProductionMoved(f"{name}: canary of v{version} stopped: {why}; v{version} was registered "
+                                  "but not promoted (tagged stopped)",
+                                  hint="production changed under this release (a rollback?); re-run relctl "
+                                       "promote to gate the candidate against the new production")
         failed = [r for r in results if r.status == "fail"]
         if failed:
             reason = f"gate {failed[0].gate}: {failed[0].reason}"
-            self.registry.move_aliases(name, {CANDIDATE: None}, "reject", reason, run.run_id)
-            self.registry.set_version_tags(name, version, {T.RELEASE_STATE: "rejected", T.REJECTED_REASON: reason})
+            transitions.reject(self.registry, name, version, reason, run.run_id)
             report.block([f"gate {r.gate}: {r.reason}" for r in failed])
             self._record(name, version, run, report)
             raise Blocked(f"gate '{failed[0].gate}' failed: {failed[0].reason}",
@@ -544,7 +413,7 @@ class Promotion:
         if self.cfg.require_approval:  # the canary passed; production waits for the approval
             self._await_approval(run, name, version, report, production)
             return
-        move, notes = reg.promote_version(self.registry, name, version, "canary passed", run.run_id,
+        move, notes = transitions.promote(self.registry, name, version, "canary passed", run.run_id,
                                           expected_production=production.version, clear_candidate=True,
                                           action="canary")
         for note in notes:
@@ -564,9 +433,9 @@ class Promotion:
             return False
         version = str(waiting[-1].version)
         report.version = version
-        self.registry.move_aliases(name, {CANDIDATE: version}, "candidate",
-                                   f"re-gated while waiting for an approval (training run {report.training_run})",
-                                   run.run_id)
+        transitions.nominate(self.registry, name, version, "candidate",
+                             f"re-gated while waiting for an approval (training run {report.training_run})",
+                             run.run_id)
         self._await_approval(run, name, version, report, production)
         return True
 
@@ -574,8 +443,7 @@ class Promotion:
                         production: ProductionRef | None) -> None:
         """Every gate passed: the version waits as `candidate` until relctl approve (release/pipeline/approve.py).
         The production it was compared with is recorded: an approval after production moved is refused."""
-        self.registry.set_version_tags(name, version, {T.RELEASE_STATE: AWAITING_APPROVAL,
-                                                       T.GATED_AGAINST: production.version if production else ""})
+        transitions.await_approval(self.registry, name, version, production.version if production else None)
         report.outcome = "awaiting-approval"
         note = (f"{name} v{version} passed its gates and waits for an approval (require_approval): production "
                 f"does not move until `relctl approve {name}/{version} --reason ...`")
@@ -586,7 +454,8 @@ class Promotion:
     def _unwind(self, name: str, version: str, run: ReleaseRun, report: ReleaseReport, exc: BaseException) -> None:
         """The canary was cut short by `exc`: unwind the version (canary.outcome) and say what is left."""
         try:
-            unwind_canary(self.registry, name, version, f"canary interrupted: {classify(exc).message}", run.run_id)
+            transitions.unwind(self.registry, name, version, f"canary interrupted: {classify(exc).message}",
+                               run.run_id)
             note = (f"{name} v{version} was registered; its canary was interrupted: candidate removed, version "
                     "tagged stopped; re-run the same command to canary it again")
         except Exception as failure:  # what the user must see is `exc`; this only says what is left
@@ -596,32 +465,6 @@ class Promotion:
         self.progress.note(note)
         if isinstance(exc, ReleaseError | Terminated):
             exc.hint = note
-
-    def _add_links(self, report: ReleaseReport) -> None:
-        """MLflow UI links for the report and the card (absolute for a server, relative for the embedded store)."""
-        uri = self.registry.store.tracking_uri
-        found: dict[str, str] = {}
-        releases = self.registry.releases_experiment()
-        if report.release_run:
-            found[RELEASE_RUN_LINK] = links.run_link(uri, releases, report.release_run)
-            found |= {PLOT_LINK + title: links.artifact_link(uri, releases, report.release_run, path)
-                      for title, path in report.plots.items()}
-            found[DETAILS_LINK] = links.artifact_link(uri, releases, report.release_run, DETAILS_ARTIFACT)
-        training = report.lineage.get("training", {})
-        if training.get("experiment_id"):
-            found[TRAINING_RUN_LINK] = links.run_link(uri, training["experiment_id"], report.training_run)
-        if report.version:
-            report.model_uri = links.model_uri(report.model, report.version)
-            found[VERSION_LINK] = links.version_link(uri, report.model, report.version)
-            model_id = logged_model_id(self.registry.get_version(report.model, report.version))
-            if model_id:
-                found[METRICS_LINK] = links.logged_model_link(uri, releases, model_id)
-        replaced = (report.aliases.get("previous") or [None, None])[1]
-        if replaced:
-            found[REPLACED] = links.version_link(uri, report.model, replaced)
-        elif report.production:
-            found[COMPARED] = links.version_link(uri, report.model, report.production["version"])
-        report.links = found
 
     def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
         if self.pipeline is not None:

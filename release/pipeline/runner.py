@@ -31,7 +31,7 @@ from release.core.errors import InputError, RegistryError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_tree
 from release.core.jsonfile import load_json_object
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 from release.registry.store import STATE_DIR
 from release.stages.base import Stage, StageResult
 

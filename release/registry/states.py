@@ -19,6 +19,9 @@ rollback all obey the same table:
 it (release/pipeline/approve.py), which marks it `approved` under the model's lease and moves production
 in the same locked move, then `released`. Only such a version may be approved (`approvable`).
 
+The moves themselves, each a named function that writes the state and moves the aliases together, are
+release/registry/transitions.py.
+
 `previous` is not checked: it only ever receives what production was. A refused move is bad input
 (exit 2) naming the state; `relctl rollback --allow-unreleased` is the one override, recorded in the
 history entry's reason.

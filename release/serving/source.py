@@ -1,7 +1,7 @@
 """What `relctl serve` serves: a package folder, or a registered version from the MLflow registry, named
 `MODEL@ALIAS`, `MODEL/VERSION`, `models:/MODEL@ALIAS` or `models:/MODEL/VERSION`.
 
-A registered version is fetched through release.pipeline.versions.fetch_package, which verifies it against the
+A registered version is fetched through release.registry.versions.fetch_package, which verifies it against the
 manifest digest recorded on the version when it was released, and kept in a cache under the project's
 state folder (re-verified against that digest and its signature before each use). A local folder is
 verified against its own manifest and, when it carries one, its signature (an unsigned folder is served
@@ -20,6 +20,7 @@ from pathlib import Path
 from release.core.errors import InputError
 from release.core.package import PackageManifest, verify_package
 from release.registry.store import STATE_DIR, resolve_store
+from release.registry.versions import fetch_package, verify_version
 from release.serving.metrics import Identity
 from release.signing.keys import Trust, project_trust
 from release.signing.package import verify_signature
@@ -85,7 +86,6 @@ def _stderr(message: str) -> None:
 def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] | None,
                    trust: Trust, cached_only: bool = False) -> ServedPackage:
     # mlflow loads only when serving from the registry, not for a package folder
-    from release.pipeline.versions import fetch_package, verify_version  # noqa: PLC0415
     from release.registry import Registry  # noqa: PLC0415
     from release.registry import tags as T  # noqa: PLC0415
 

@@ -12,9 +12,9 @@ from release.core.errors import InputError
 from release.core.jsonfile import read_json_file
 from release.core.numerics import fp16_overflows, tensor_max_abs
 from release.lora.settings import read_settings
-from release.pipeline.lineage import checkpoint_lineage, training_lineage
 from release.registry import Registry
 from release.stages.base import Stage, StageInputs, StageResult
+from release.stages.lineage import checkpoint_lineage, training_lineage
 
 # Optional files the example (and any run that follows the layout) logs beside the checkpoint.
 PROMPTS_ARTIFACT = "validation/prompts.jsonl"

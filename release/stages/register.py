@@ -10,7 +10,8 @@ version also loads with mlflow.pyfunc; otherwise the runtime files with a `relct
 Idempotent against the registry: a version is created with `relctl.release_state=registering` and
 becomes `released` once its aliases moved. A re-run after a crash in between finds that version (same
 package content, still registering) and finishes it instead of creating a twin. Under the model's
-lock, the alias move re-checks that production is still the version the gates compared with.
+lock, the alias move re-checks that production is still the version the gates compared with. Every state
+and alias change goes through release/registry/transitions.py.
 
 Signing is on unless release.yaml says `signing: off` (release/signing/keys.py): the package is signed
 here, after every gate before register passed and before it is logged: `relctl-provenance.json` (which
@@ -34,22 +35,17 @@ from release.core.errors import RegistryError
 from release.core.faults import pause_point
 from release.core.hashing import sha256_file, sha256_json
 from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
-from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry, package_links
+from release.registry import PREVIOUS, PRODUCTION, Registry, package_links, transitions
 from release.registry import tags as T
 from release.registry.model_page import INTRO as MODEL_INTRO
 from release.registry.runs import LoggedModelRef, ReleaseRun
 from release.registry.states import REGISTERING, STOPPED
+from release.registry.transitions import NOT_CHECKED
 from release.signing.keys import SigningKey
 from release.signing.package import sign_package
 from release.stages.base import Stage, StageInputs, StageResult, location
 
 CONTENT_TAG = T.CONTENT_SHA256
-# Passed as expected_production when the caller has no comparison to protect (relctl register).
-NOT_CHECKED = "unchecked"
-
-
-class ProductionMoved(RegistryError):
-    """Production changed while the gates ran: their comparison no longer holds (exit 4)."""
 
 
 def content_sha256(package: PackageManifest) -> str:
@@ -150,7 +146,7 @@ def unfinished_version(registry: Registry, name: str, content: str, release_run:
 
 
 def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageManifest, lineage: dict[str, Any],
-            extra: dict[str, Any], description: str, state: str = "registering",
+            extra: dict[str, Any], description: str, state: dict[str, str],
             numbers: dict[str, float] | None = None, details: dict[str, str] | None = None) -> str:
     """Log the package and its MLflow model to the release run and register them as a new version, its
     numbers as metrics of the version's LoggedModel."""
@@ -162,8 +158,7 @@ def publish(registry: Registry, run: ReleaseRun, name: str, package: PackageMani
     run.log_artifacts(package.root, PACKAGE_ARTIFACT, skip=frozenset(linked))
     if linked:
         run.log_dict({"model_id": info.model_id, "files": linked}, package_links.LINKS_FILE)
-    tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_RUNS: run.run_id,
-                                           T.RELEASE_STATE: state, **extra})
+    tags = version_tags(package, lineage, {T.RELEASE_RUN: run.run_id, T.RELEASE_RUNS: run.run_id, **state, **extra})
     registry.ensure_model(name, description=MODEL_INTRO)
     mv = registry.create_version(name, info.model_uri, run.run_id, tags, description, model_id=info.model_id)
     pause_point("register:version-created")
@@ -184,33 +179,6 @@ def log_model(run: ReleaseRun, package: PackageManifest) -> LoggedModelRef:
     return run.log_files_model([*files, package.root / MANIFEST],
                                {"backend": backend.id, "backend_version": backend.version(),
                                 "pip_requirements": list(flavour.pip_requirements)})
-
-
-def promote_version(registry: Registry, name: str, version: str, reason: str, release_run: str | None,
-                    expected_production: str | None = NOT_CHECKED, clear_candidate: bool = False,
-                    action: str = "promote") -> tuple[AliasMove | None, list[str]]:
-    """`production` -> version, `previous` -> what production was (and `candidate` cleared after a canary),
-    in one history entry; refused if production moved meanwhile."""
-
-    def decide(current: dict[str, str]) -> dict[str, str | None]:
-        now = current.get(PRODUCTION)
-        if expected_production != NOT_CHECKED and now != expected_production:
-            was = f"v{expected_production}" if expected_production else "no production version"
-            raise ProductionMoved(
-                f"{name}: production moved from {was} to {f'v{now}' if now else 'none'} while the gates ran; "
-                f"v{version} was registered but not promoted",
-                hint="production changed under this release (a rollback?); re-run relctl promote to gate "
-                     "the candidate against the new production")
-        changes: dict[str, str | None] = {PRODUCTION: version}
-        if now is not None and now != version:
-            changes[PREVIOUS] = now
-        if clear_candidate:
-            changes[CANDIDATE] = None
-        return changes
-
-    move, notes = registry.locked_move(name, decide, action, reason, release_run)
-    registry.set_version_tag(name, version, T.RELEASE_STATE, "released")
-    return move, notes
 
 
 class RegisterInputs(StageInputs):
@@ -277,18 +245,14 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
             return RegisterResult(version=str(current.version), outcome="unchanged", notes=notes)
         now = str(current.version) if current is not None else None
         if i.target == "production" and i.expected_production != NOT_CHECKED and now != i.expected_production:
-            was = f"v{i.expected_production}" if i.expected_production else "no production version"
-            raise ProductionMoved(f"{i.model}: production moved from {was} to v{now} while the gates ran; "
-                                  "nothing was registered",
-                                  hint="production changed under this release (a rollback?); re-run relctl "
-                                       "promote to gate the candidate against the new production")
+            raise transitions.production_moved(i.model, i.expected_production, now, "", "nothing was registered")
         version = unfinished_version(registry, i.model, i.content_sha256, self.release.run_id)
         resumed = version is not None
         if version is None:
             signed_by = self._sign()
             version = publish(registry, self.release, i.model, self.package, i.lineage, i.extra_tags,
                               f"{i.description}\n\n{signature_line(signed_by)}",
-                              state="registered" if i.target == "none" else "registering", numbers=i.numbers,
+                              state=transitions.created_state(i.target), numbers=i.numbers,
                               details=i.details)
             registry.set_version_tag(i.model, version, T.SIGNED_BY, signed_by)
         else:
@@ -297,20 +261,20 @@ class RegisterStage(Stage[RegisterInputs, RegisterResult]):
             # Adopted by this release: registering again (a canary cut short left it `stopped`).
             # The crashed release's run keeps the package: it stays first in the version's release runs.
             found = registry.get_version(i.model, version).tags
-            registry.set_version_tags(i.model, version, version_tags(self.package, i.lineage, {
+            transitions.adopt(registry, i.model, version, version_tags(self.package, i.lineage, {
                 T.RELEASE_RUN: self.release.run_id, T.RELEASE_RUNS: T.with_release_run(found, self.release.run_id),
-                T.RELEASE_STATE: REGISTERING, **i.extra_tags}))
+                **i.extra_tags}))
             registry.record_numbers(registry.get_version(i.model, version), self.release.run_id, i.numbers,
                                     i.details)
             registry.set_description(i.model, version, i.description)
         if i.target == "none":
             return RegisterResult(version=version, outcome="registered", resumed_version=resumed, notes=notes)
         if i.target == "candidate":
-            move = registry.move_aliases(i.model, {CANDIDATE: version}, "candidate", i.reason, self.release.run_id)
+            move = transitions.nominate(registry, i.model, version, "candidate", i.reason, self.release.run_id)
             return RegisterResult(version=version, outcome="candidate", resumed_version=resumed,
                                   aliases=move.changes if move else {}, notes=notes)
-        move, repaired = promote_version(registry, i.model, version, i.reason, self.release.run_id,
-                                         i.expected_production)
+        move, repaired = transitions.promote(registry, i.model, version, i.reason, self.release.run_id,
+                                             i.expected_production)
         return RegisterResult(version=version, outcome="released", resumed_version=resumed,
                               aliases=move.changes if move else {}, notes=notes + repaired)
 

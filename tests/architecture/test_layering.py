@@ -69,7 +69,7 @@ def test_the_configuration_schema_points_down_only() -> None:
 
 def test_register_stands_apart_from_the_runner_and_the_version_fetcher() -> None:
     register = [ROOT / "release" / "stages" / "register.py"]
-    assert offenders(register, ("release.pipeline.runner", "release.pipeline.versions")) == []
+    assert offenders(register, ("release.pipeline.runner", "release.registry.versions")) == []
 
 
 def test_core_is_the_bottom_layer() -> None:
@@ -129,35 +129,22 @@ def test_the_schema_reaches_backends_only_through_discovery() -> None:
     assert engine_packages and offenders(config, tuple(engine_packages)) == []
 
 
-# Imports of the pipeline from the work below it that exist today, each to be moved down (issue 27 step 7:
-# pipeline/versions.py, fetch-and-verify of a released package, moves below its users). The list only shrinks.
-WORK_TO_PIPELINE_TODAY = {
-    "release/stages/intake.py": ("release.pipeline.lineage",),
-    "release/serving/source.py": ("release.pipeline.versions",),
-    "release/canary/registry_mode.py": ("release.pipeline.versions",),
-    "release/gating/run.py": ("release.pipeline.progress", "release.pipeline.versions"),
-    "release/deploy/oci.py": ("release.pipeline.versions",),
-    "release/deploy/facts.py": ("release.pipeline.versions",),
-    # render's pinning verifies the version it pins with the same one check (signing, issue 31): same move.
-    "release/deploy/pinning.py": ("release.pipeline.versions",),
-}
-
-
 def test_the_work_does_not_reach_up_into_the_pipeline() -> None:
     """The work (stages, serving, memory, canary, lora, gating, deploy, webhook) sits below the pipeline that
-    orchestrates it: no new import of release.pipeline from it."""
+    orchestrates it: no import of release.pipeline from it, none excepted (fetch-and-verify of a released
+    package is release/registry/versions.py, the progress line release/core/progress.py, lineage
+    release/stages/lineage.py)."""
     work = [p for folder in ("stages", "serving", "memory", "canary", "lora", "gating", "deploy", "webhook")
             for p in modules(f"release/{folder}") if p.name != "cli.py"]
-    found = []
-    for path in work:
-        known = WORK_TO_PIPELINE_TODAY.get(path.relative_to(ROOT).as_posix(), ())
-        found += [hit for hit in offenders([path], ("release.pipeline",))
-                  if not any(hit.endswith(f" imports {k}") or f" imports {k}." in hit for k in known)]
-    assert found == []
-    # and the known list is not stale: each entry still names an import that exists
-    for rel, known in WORK_TO_PIPELINE_TODAY.items():
-        hits = offenders([ROOT / rel], ("release.pipeline",))
-        assert all(any(h.endswith(f" imports {k}") for h in hits) for k in known), rel
+    assert offenders(work, ("release.pipeline",)) == []
+
+
+def test_release_state_moves_have_one_home() -> None:
+    """Every write of a version's release state goes through release/registry/transitions.py (its named
+    transitions); no other module sets the state tag."""
+    writers = sorted(p.relative_to(ROOT).as_posix() for p in modules("release")
+                     if "T.RELEASE_STATE:" in p.read_text() or "T.RELEASE_STATE," in p.read_text())
+    assert writers == ["release/registry/transitions.py"], writers
 
 
 @pytest.mark.parametrize("rule", ["gates", "mlflow"])

@@ -33,9 +33,9 @@ from release.backends.planning import Target
 from release.backends.shape import parameter_count, shape_from_config
 from release.config import ValidationConfig, load_config
 from release.core.errors import ConfigError, InputError
-from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
+from release.registry.versions import fetch_package
 from release.signing.keys import Trust
 from release.stages.validate import load_prompts, validate
 from tests.conftest import load_train_module

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import yaml
 
-from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
+from release.registry.versions import fetch_package
 from release.signing.keys import Trust
 from tests.conftest import load_train_module
 

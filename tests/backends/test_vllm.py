@@ -33,9 +33,9 @@ from release.backends.vllm import VllmBackend, built_for
 from release.backends.vllm.engine import PYTHON_ENV, engine_python
 from release.config import load_config
 from release.core.errors import ConfigError
-from release.pipeline.versions import fetch_package
 from release.registry import Registry
 from release.registry.store import resolve_store
+from release.registry.versions import fetch_package
 from release.signing.keys import Trust
 from tests.conftest import load_tinyllm, load_train_module
 

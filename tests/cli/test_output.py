@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from release.cli import cli, hoist_global_options
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 from release.registry import Registry
 from release.registry.store import resolve_store
 from tests.registry.test_aliases import MODEL, _register

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
+from release.core.progress import Progress
 from release.gating.contract import GateContext, GateResult
 from release.gating.run import run_phase_gates
-from release.pipeline.progress import Progress
 
 
 class _Verdict(BaseModel):

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from release.canary.outcome import unwind_canary
 from release.cli import cli
 from release.core.errors import InputError
 from release.registry import CANDIDATE
 from release.registry import tags as T
+from release.registry.transitions import unwind
 from tests.registry.test_aliases import MODEL, _register
 from tests.registry.test_crash_and_race import two_versions
 
@@ -87,7 +87,7 @@ def test_a_canary_unwind_leaves_nothing_registering_even_while_sqlite_is_busy(pr
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait(30)
-    move = unwind_canary(registry, MODEL, v3, "canary interrupted: terminated (SIGTERM)", "run-a")
+    move = unwind(registry, MODEL, v3, "canary interrupted: terminated (SIGTERM)", "run-a")
     holder.join()
     assert move is not None and move.changes == {CANDIDATE: [v3, None]} and move.action == "canary-stopped"
     tags = registry.get_version(MODEL, v3).tags

@@ -20,9 +20,9 @@ from release.core.package import MANIFEST, build_package
 from release.registry import Registry, links
 from release.registry import tags as T
 from release.registry.store import connect, ensure_experiment, resolve_store
+from release.registry.transitions import promote
 from release.signing.keys import project_signing_key
 from release.signing.package import sign_package
-from release.stages.register import promote_version
 
 MODEL = "demo-model"
 
@@ -54,7 +54,7 @@ def _register(project_dir: Path, tmp: Path, n: int, precision: str = "fp32") -> 
     tags = {T.RELEASE_RUN: run.info.run_id, T.MANIFEST_SHA256: sha256_file(package.root / MANIFEST),
             T.BACKEND: backend.id, T.PRECISION: precision}
     mv = registry.create_version(MODEL, run.info.artifact_uri + "/package", run.info.run_id, tags, f"v{n}")
-    promote_version(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
+    promote(registry, MODEL, str(mv.version), f"release {n}", run.info.run_id)
     return str(mv.version)
 
 

@@ -68,7 +68,7 @@ def test_the_registry_stores_the_weights_once_and_fetch_puts_the_package_back_to
         registered: tuple[Path, str, Path], tmp_path: Path) -> None:
     """The release run's package/ leaves the weights to the MLflow model (package.links.json says where);
     fetch_package fills them in and the manifest check covers them. The artifact store holds one copy."""
-    from release.pipeline.versions import fetch_package
+    from release.registry.versions import fetch_package
     from release.signing.keys import Trust
 
     project, version, package = registered

@@ -12,7 +12,7 @@ import numpy as np
 
 from release.core.hashing import sha256_file
 from release.core.numerics import scan_weights
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 from release.pipeline.runner import Pipeline
 from release.registry import Registry
 from release.registry.store import connect, ensure_experiment, resolve_store

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 from release.pipeline.runner import Pipeline
 from release.stages.base import Stage, StageInputs, StageResult, location
 

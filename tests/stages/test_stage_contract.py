@@ -14,19 +14,14 @@ from onnx import TensorProto, helper
 from release.cli import cli
 from release.config import ServingConfig
 from release.core.package import MANIFEST, verify_package
-from release.pipeline.progress import Progress
+from release.core.progress import Progress
 from release.pipeline.runner import Pipeline
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.store import connect, resolve_store
+from release.registry.transitions import NOT_CHECKED, ProductionMoved
 from release.stages.package import PackageInputs, PackageStage
-from release.stages.register import (
-    NOT_CHECKED,
-    ProductionMoved,
-    RegisterInputs,
-    RegisterStage,
-    content_sha256,
-)
+from release.stages.register import RegisterInputs, RegisterStage, content_sha256
 
 
 def runtime_folder(tmp: Path, n: int) -> tuple[Path, Path]:

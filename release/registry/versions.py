@@ -13,14 +13,18 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from release.core.errors import InputError, RegistryError
 from release.core.package import PACKAGE_ARTIFACT, PackageManifest, verify_package
-from release.registry import Registry, package_links
+from release.registry import package_links
 from release.registry import tags as T
 from release.registry.records import VersionRecord
 from release.signing.keys import Trust
 from release.signing.package import Verdict, check_binding, verify_signature
+
+if TYPE_CHECKING:  # the client loads mlflow: a caller hands its Registry in; importing this module stays light
+    from release.registry.client import Registry
 
 
 def package_uri(tags: dict[str, str]) -> str | None:
