@@ -59,24 +59,26 @@ def _module(name: str, path: Path) -> Any:
     return module
 
 
-def trained_run(project: Path) -> str:
-    """The example's recipe at head_dim 64, logged as the example logs it; returns the run id."""
+def trained_run(project: Path, steps: dict[str, int]) -> str:
+    """The example's recipe at head_dim 64, logged as the example logs it; returns the run id. `steps`: fewer
+    training steps than the recipe's (the engines are compared on the model, not judged on its task)."""
     tinyllm = _module("tinyllm", EXAMPLE / "tinyllm.py")
     train = _module("tiny_llm_train", EXAMPLE / "train.py")
-    config = tinyllm.every_engine()
+    config = tinyllm.every_engine(**steps)
     result = tinyllm.train_tiny_llm(project / "training", config)
     return str(train.log_run(result, project, experiment="tiny-llm"))
 
 
-def release_yaml(step_duration_s: float) -> dict[str, Any]:
+def release_yaml(step_duration_s: float, requests: int) -> dict[str, Any]:
     example = yaml.safe_load((EXAMPLE / "release.yaml").read_text())
     load = dict(example["gates"]["load"])
     # The highest SLO-meeting rate, doubling from the example's rate: cost at a fixed offered rate would only
     # price the offered load (equal on every engine that keeps up), not the engine.
     load |= {"sweep": True, "step_duration_s": step_duration_s}
-    load["traffic"] = {**load["traffic"], "requests": 200}
+    load["traffic"] = {**load["traffic"], "requests": requests}
     return {"model": "tiny-llm", "convert": {"backend": "auto"}, "validation": example["validation"],
-            "engines": ENGINES, "gates": {"load": load}}
+            "engines": ENGINES, "gates": {"load": load},
+            "signing": False}  # a dry run registers nothing: there is nothing to sign
 
 
 class LoadSampler:
@@ -132,6 +134,9 @@ def release_card(project: Path, release_run: str, env: dict[str, str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--step-duration", type=float, default=4.0, help="seconds per sweep step")
+    parser.add_argument("--requests", type=int, default=200, help="requests per sweep step")
+    parser.add_argument("--train-steps", type=int, nargs=2, metavar=("BASE", "LORA"),
+                        help="train briefly (the test's 30 10) instead of the recipe's steps")
     parser.add_argument("--llama-threads", default="1",
                         help=f"llama-server's --threads ({THREADS_ENV}; 'default': llama.cpp's own)")
     args = parser.parse_args()
@@ -143,8 +148,9 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp)
-        run_id = trained_run(project)
-        config = release_yaml(args.step_duration)
+        steps = {} if not args.train_steps else {"base_steps": args.train_steps[0], "lora_steps": args.train_steps[1]}
+        run_id = trained_run(project, steps)
+        config = release_yaml(args.step_duration, args.requests)
         (project / "release.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         (project / "traffic.jsonl").write_text((EXAMPLE / "traffic.jsonl").read_text())
         started = time.monotonic()
@@ -168,6 +174,7 @@ def main() -> None:
            "outcome": report.get("outcome"), "exit_code": promote.returncode, "failures": report.get("failures"),
            "engines": engines, "table": engines_table(engines) if engines else [],
            "shown": shown, "promote_seconds": round(seconds, 1),
+           "training": steps or "the recipe's steps", "requests_per_step": args.requests,
            "engine_settings": {THREADS_ENV: env.get(THREADS_ENV, "llama.cpp's default")},
            "machine": {"cpus": os.cpu_count(), "shared": "yes: other jobs ran on the same cores",
                        "loadavg_before": load_before, "loadavg_during_1min": load.summary(),
