@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from release.backends import get_backend
+from release.backends.llama_cpp import LlamaCppBackend
 from release.backends.llama_cpp.server import THREADS_ENV, ServerProcess, log_path
 from release.backends.planning import Target
 from release.backends.processes import free_port
@@ -61,7 +61,7 @@ def busy(url: str, slots: int, context: int) -> None:
 
 
 def measure(package: Path, slots: int, context: int) -> dict[str, Any]:
-    backend = get_backend("llama-cpp")
+    backend = LlamaCppBackend()
     target = Target(memory_gib=8, concurrency=slots, context=context, provider="cpu", rollout_overlap=False)
     plan = backend.plan(package, target)
     port = free_port()
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.parse_args()
     os.environ.setdefault(THREADS_ENV, "1")  # see benchmarks/router_capacity.py: ggml's spinning threads
-    backend = get_backend("llama-cpp")
+    backend = LlamaCppBackend()
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
