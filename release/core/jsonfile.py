@@ -20,12 +20,14 @@ from release.core.errors import InputError
 MAX_DEPTH = 64   # the deepest file relctl reads (tokenizer.json, an OCI manifest) nests fewer than 10 levels
 MAX_FILE_BYTES = 256 * 1024 * 1024   # a tokenizer.json is a few MB; a manifest of a 10k-file package ~1 MB
 MAX_CONFIG_BYTES = 4 * 1024 * 1024   # release.yaml, job files, approvals: hand-written, a few KB
+# Strings and escapes removed, what is left holds only structure; a bracket inside a string cannot count.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BRACKETS = re.compile(rb"[\[\]{}]")
 
 
-def _depth(raw: bytes) -> int:
-    """Deepest bracket nesting of a JSON text (strings ignored): two regex passes in C, no recursion."""
+def nesting_depth(raw: bytes) -> int:
+    """Deepest bracket nesting of a JSON text (strings ignored): two regex passes in C, no recursion. The one
+    depth check for files (parse_json) and request bodies (release/serving/parsing.py)."""
     depth = deepest = 0
     for match in _BRACKETS.finditer(_STRING.sub(b"", raw)):
         if match.group() in (b"[", b"{"):
@@ -58,7 +60,7 @@ def parse_json(raw: bytes | str, label: str, hint: str, max_depth: int = MAX_DEP
     `finite`: NaN and Infinity refused too (Python's json writes them, so files a library saved may hold
     them: there the reader's field check names the field instead)."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    depth = _depth(data)
+    depth = nesting_depth(data)
     if depth > max_depth:
         raise InputError(f"{label}: JSON nested {depth} levels deep; at most {max_depth} are read", hint=hint)
     try:

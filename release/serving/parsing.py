@@ -13,13 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from release.core.jsonfile import nesting_depth
 from release.serving.protocol import RequestProblem, SamplingFields
 
 MAX_DEPTH = 16
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|(list|dict|tuple|function-\w+)\[.*\]|[A-Z]\w*)$")
-# Strings and escapes removed, what is left holds only structure; a bracket inside a string cannot count.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = re.compile(rb"[\[\]{}]")
 
 # Fields of OpenAI's completions and chat APIs that this server does not implement, with the values that
 # mean "not used" (sent by many clients as defaults): anything else is refused, never silently ignored.
@@ -85,18 +83,6 @@ def decode_json(raw: bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         path, why = bad
         raise RequestProblem(path or "body", why)
     return data
-
-
-def nesting_depth(raw: bytes) -> int:
-    """Deepest bracket nesting of a JSON text (strings ignored); cheap: two regex passes in C."""
-    depth = deepest = 0
-    for match in _BRACKETS.finditer(_STRING.sub(b"", raw)):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
 
 
 def _refuse_constant(name: str) -> Any:

@@ -1,12 +1,12 @@
-"""Engines side by side (issue 19, item 4): one promote measures the example on onnxruntime-genai and vLLM
-with the same prompts and seeded load plan, tabulates them in the report, card and job summary, and
-`convert.backend: auto` releases the cheapest that met quality and the SLOs, saying why.
+"""Engines side by side (issue 19, item 4; issue 27: three engines): one promote measures the example on
+onnxruntime-genai, vLLM and llama.cpp with the same prompts and seeded load plan, tabulates them in the report,
+card and job summary, and `convert.backend: auto` releases the cheapest that met quality and the SLOs, saying why.
 
 The example's recipe at head_dim 64 (vLLM's CPU attention, as tests/backends/test_vllm.py trains it).
-Three entries: onnxruntime-genai int4 (refused on quality: max_mean_kl is set below what int4 reaches),
-onnxruntime-genai fp32 and vLLM fp32 (priced higher, so the choice is deterministic). vLLM starts twice
-(validation, the load plan), about a minute each on a quiet machine.
-The selection tests after it run on the rows that promote measured, without starting anything.
+Four entries: onnxruntime-genai int4 (refused on quality: max_mean_kl is set below what int4 reaches),
+onnxruntime-genai fp32, vLLM fp32 and llama.cpp fp16 (both priced higher, so the choice is deterministic).
+vLLM starts twice (validation, the load plan), about a minute each on a quiet machine; llama-server starts in
+under a second. The selection tests after it run on the rows that promote measured, without starting anything.
 """
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ ENGINES = [{"backend": "onnxruntime-genai", "precision": "int4"},
            # Its own accelerator price, twice the load gate's: at the same offered rates both engines deliver
            # about the same tokens/s, so the choice is onnxruntime-genai fp32 by price, not by noise (and the
            # main flow's load gate does not start vLLM a third time).
-           {"backend": "vllm", "precision": "fp32", "gpu_price_per_hour": 4.0}]
-PRICES = {"onnxruntime-genai": 2.0, "vllm": 4.0}
+           {"backend": "vllm", "precision": "fp32", "gpu_price_per_hour": 4.0},
+           # The third engine, as the other priced one; llama-server starts in well under a second.
+           {"backend": "llama-cpp", "precision": "fp16", "gpu_price_per_hour": 4.0}]
+PRICES = {"onnxruntime-genai": 2.0, "vllm": 4.0, "llama-cpp": 4.0}
 # int4 of this model is far above it; fp32 on either engine is far below (onnxruntime-genai's fp32 is its own
-# reference: 0; vLLM's fp32 log-probabilities match PyTorch's to about 1e-6, a KL near 1e-12).
+# reference: 0; vLLM's fp32 log-probabilities match PyTorch's to about 1e-6, a KL near 1e-12); llama.cpp's fp16
+# of the head_dim-64 example measured 2.3e-07 (docs/llama-cpp.md).
 MAX_MEAN_KL = 1e-6
 LOAD = {"traffic": {"arrival": "poisson", "rate": 4, "requests": 24, "seed": 3, "dataset": "traffic.jsonl"},
         "slos": {"ttft_p95_ms": 5000, "e2el_p99_ms": 20000, "max_error_rate": 0.0},
@@ -82,13 +85,13 @@ def rows_of(report: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["engine"], r["precision"]): r for r in report["engines"]["rows"]}
 
 
-def test_one_promote_tabulates_both_engines_on_the_same_plan(compared: dict[str, Any]) -> None:
+def test_one_promote_tabulates_every_engine_on_the_same_plan(compared: dict[str, Any]) -> None:
     report = report_of(compared)
     engines = report["engines"]
     rows = rows_of(report)
     assert list(rows) == [(e["backend"], e["precision"]) for e in ENGINES]
     assert engines["plan"]["traffic"]["seed"] == 3 and engines["plan"]["sweep_rates"] == [4.0, 8.0]
-    for key in (("onnxruntime-genai", "fp32"), ("vllm", "fp32")):  # measured end to end on each engine
+    for key in (("onnxruntime-genai", "fp32"), ("vllm", "fp32"), ("llama-cpp", "fp16")):  # end to end on each
         row = rows[key]
         assert row["quality_passed"] and row["top1_agreement"] >= 0.99 and row["mean_kl"] < MAX_MEAN_KL
         assert row["slo_met"] and row["rate"] in (4.0, 8.0)
@@ -99,13 +102,15 @@ def test_one_promote_tabulates_both_engines_on_the_same_plan(compared: dict[str,
         price = PRICES[key[0]]
         assert row["cost_per_million_tokens"] == pytest.approx(price / (row["output_tokens_per_s"] * 3600) * 1e6)
         assert row["memory_per_replica_bytes"] > 0
+        assert row["limited_by"] and row["noise"] is not None  # what stopped the sweep; its repeat noise
     # One table, the same in the job summary and the model card.
     summary = compared["summary"].read_text()
     registry = Registry(resolve_store(compared["project"]))
     card = Path(registry.client.download_artifacts(report["release_run"], "report/model_card.md")).read_text()
     for text in (summary, card):
         assert "Engines side by side" in text and "| engine | precision |" in text
-        assert "| vllm | fp32 |" in text and "| onnxruntime-genai | int4 |" in text
+        assert "| vllm | fp32 |" in text and "| onnxruntime-genai | int4 |" in text and "| llama-cpp | fp16 |" in text
+        assert "| limited by |" in text
 
 
 def test_auto_releases_the_cheapest_engine_that_met_quality_and_slos(compared: dict[str, Any]) -> None:

@@ -11,14 +11,13 @@ engine's own (/tokenize), the one validation checked against the training tokeni
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
-from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
+from release.backends.forwarding import Chunk, forward
+from release.backends.jobs import Job, ModelLimits, sampled
 from release.backends.llama_cpp.gguf_facts import GGUF_FILE, GgufFacts, read_gguf
 from release.backends.llama_cpp.server import ServerProcess, log_path
 from release.backends.processes import free_port
@@ -74,32 +73,18 @@ class LlamaCppRunner:
                 body["seed"] = params.seed
         else:
             body["temperature"] = 0.0
-        stops = StopMatcher(params.stop)
-        finish, count = "length", 0
-        remaining = max(0.1, job.deadline - time.monotonic())
-        # Leaving the `with` closes the connection, which cancels the task inside llama-server (stop string,
-        # client gone, deadline): no generation outlives its request.
-        with self._http.stream("POST", "/completion", json=body, timeout=remaining) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"llama-server: HTTP {response.status_code}: {response.read()[:300]!r}")
-            for line in response.iter_lines():
-                if job.cancel.is_set() or time.monotonic() >= job.deadline:
-                    return "timeout", count
-                if not line.startswith("data: "):
-                    continue
-                chunk = json.loads(line[6:])
-                out, stopped = stops.feed(chunk.get("content") or "")
-                emit_text(job, out)
-                if stopped:
-                    return "stop", count + 1
-                if chunk.get("stop"):  # the last chunk: llama.cpp's own count and reason
-                    count = int(chunk.get("tokens_predicted", count))
-                    finish = "stop" if chunk.get("stop_type") in ("eos", "word") else "length"
-                    break
-                count += 1
-        emit_text(job, stops.flush())
-        return finish, count
+        return forward(self._http, "/completion", body, job, "llama-server", _chunks)
 
     def close(self) -> None:
         self._http.close()
         self.server.stop()
+
+
+def _chunks(event: dict[str, Any]) -> list[Chunk]:
+    """One llama-server event: one token's text; the last (`stop`) carries llama.cpp's own count and reason."""
+    if not event.get("stop"):
+        return [Chunk(text=event.get("content") or "", token=True)]
+    finish = "stop" if event.get("stop_type") in ("eos", "word") else "length"
+    count = event.get("tokens_predicted")
+    return [Chunk(text=event.get("content") or "", token=True, finish=finish,
+                  count=None if count is None else int(count), last=True)]

@@ -2,25 +2,18 @@
 
 The python: RELCTL_VLLM_PYTHON, else release.yaml's `convert.vllm.python` (configure_python, called when
 the file is loaded), else `.venv-vllm/bin/python` in the current folder or beside relctl's source tree
-(what `make vllm-env` builds). The process is started with release.subprocs.start_child, so it
-and the engine-core processes it spawns (its own process group) die with the relctl process that needs it.
+(what `make vllm-env` builds). The process is an EngineServer (release/backends/processes.py), so it and
+the engine-core processes it spawns (its own process group) die with the relctl process that needs it.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
-from release.backends.base import ServerCommand
-from release.backends.processes import engine_log_path
-from release.core.errors import ConfigError, InputError, StageFailed
-from release.core.subprocs import start_child, stop_child
+from release.backends.processes import EngineServer, engine_log_path
+from release.core.errors import ConfigError, InputError
 
 VLLM_VERSION = "0.32.0"
 PYTHON_ENV = "RELCTL_VLLM_PYTHON"
@@ -110,83 +103,11 @@ def log_path(label: str, port: int) -> Path:
     return engine_log_path("vllm", label, port)
 
 
+class EngineProcess(EngineServer):
+    """One vLLM server (API server, engine core and worker processes) on a private 127.0.0.1 port."""
 
-class EngineProcess:
-    """One vLLM server on a private 127.0.0.1 port, ready when its health path answers 200."""
-
-    def __init__(self, command: ServerCommand, url: str, log_path: Path) -> None:
-        self.command = command
-        self.url = url
-        self.log_path = log_path
-        self.start_s = 0.0
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Self:
-        env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        env.update(self.command.env)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        with self.log_path.open("wb") as log:
-            self._proc = start_child(self.command.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _running.append(self)
-        timeout = float(os.environ.get(START_TIMEOUT_ENV, "900"))
-        # Imported here: choose_backend loads this module for every `relctl check`/`promote`, which then paid
-        # ~0.25 s for httpx before refusing a run.
-        import httpx  # noqa: PLC0415
-
-        while True:
-            if self._proc.poll() is not None:
-                raise StageFailed(f"vLLM exited with {self._proc.returncode} while starting: {self.log_tail()} "
-                                  f"(log: {self.log_path})")
-            try:
-                if httpx.get(self.url + self.command.health_path, timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - started > timeout:
-                self.stop()
-                raise StageFailed(f"vLLM not ready after {timeout:.0f}s (log: {self.log_path})")
-            time.sleep(0.5)
-        self.start_s = time.monotonic() - started
-        return self
-
-    def resident_bytes(self) -> int | None:
-        """RSS of the server and every process it spawned (API server, engine core, worker); None if gone."""
-        import psutil  # noqa: PLC0415 - only the memory gate asks
-
-        proc = self._proc
-        if proc is None:
-            return None
-        try:
-            root = psutil.Process(proc.pid)
-            return sum(int(p.memory_info().rss) for p in [root, *root.children(recursive=True)])
-        except psutil.Error:
-            return None
-
-    def log_tail(self) -> str:
-        lines = self.log_path.read_text(errors="replace").strip().splitlines() if self.log_path.is_file() else []
-        errors = [line for line in lines if "Error" in line or "error" in line]
-        return (errors or lines or ["(no output)"])[-1][:300]
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop_child(proc, 30.0)
-        if self in _running:
-            _running.remove(self)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
-
-
-_running: list[EngineProcess] = []
-
-
-@atexit.register
-def _stop_all() -> None:
-    """A normal exit stops every engine this process started (a killed one: start_child's death signal)."""
-    for engine in list(_running):
-        engine.stop()
+    name = "vLLM"
+    start_timeout_env = START_TIMEOUT_ENV
+    start_timeout_s = 900.0
+    poll_s = 0.5
+    not_inherited = _NOT_INHERITED

@@ -81,7 +81,7 @@ class VllmModel(FolderFacts):
         return cls(model_dir, engine, top_k)
 
     def alive(self) -> bool:
-        return self.engine._proc is not None and self.engine._proc.poll() is None
+        return self.engine.alive()
 
     def close(self) -> None:
         self._http.close()

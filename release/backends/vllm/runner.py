@@ -11,8 +11,6 @@ Prompt ids, not text, go to vLLM, so relctl's length checks and vLLM see the sam
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -20,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Self
 import httpx
 
 from release.backends.folder_facts import model_facts
-from release.backends.jobs import Job, ModelLimits, StopMatcher, emit_text, sampled
+from release.backends.forwarding import Chunk, forward
+from release.backends.jobs import Job, ModelLimits, sampled
 from release.backends.processes import free_port
 from release.backends.vllm import adapters as lora
 from release.backends.vllm.engine import EngineProcess, log_path
@@ -92,33 +91,7 @@ class VllmRunner:
                 body["seed"] = params.seed
         else:
             body["temperature"] = 0.0
-        stops = StopMatcher(params.stop)
-        finish, count = "length", 0
-        remaining = max(0.1, job.deadline - time.monotonic())
-        # Leaving the `with` closes the connection, which aborts the request inside vLLM (stop string,
-        # client gone, deadline): no generation outlives its request.
-        with self._http.stream("POST", "/v1/completions", json=body, timeout=remaining) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"vLLM: HTTP {response.status_code}: {response.read()[:300]!r}")
-            for line in response.iter_lines():
-                if job.cancel.is_set() or time.monotonic() >= job.deadline:
-                    return "timeout", count
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):  # the last chunk: vLLM's own count
-                    count = int(chunk["usage"]["completion_tokens"])
-                    continue
-                for choice in chunk.get("choices") or []:
-                    count += 1  # one token per streamed chunk until the usage chunk says exactly
-                    out, stopped = stops.feed(choice.get("text") or "")
-                    emit_text(job, out)
-                    if stopped:
-                        return "stop", count
-                    if choice.get("finish_reason"):
-                        finish = "stop" if choice["finish_reason"] == "stop" else "length"
-        emit_text(job, stops.flush())
-        return finish, count
+        return forward(self._http, "/v1/completions", body, job, "vLLM", _chunks)
 
     def load_adapter(self, name: str, folder: Path) -> None:
         lora.load(self._http, name, folder)
@@ -129,3 +102,16 @@ class VllmRunner:
     def close(self) -> None:
         self._http.close()
         self.engine.stop()
+
+
+def _chunks(event: dict[str, Any]) -> list[Chunk]:
+    """One vLLM event: a token's text per choice (one choice here), or the final usage with vLLM's own count."""
+    if event.get("usage"):
+        return [Chunk(count=int(event["usage"]["completion_tokens"]))]
+    return [Chunk(text=choice.get("text") or "", token=True, finish=_finish(choice.get("finish_reason")))
+            for choice in event.get("choices") or []]
+
+
+def _finish(reason: str | None) -> str | None:
+    """relctl's reason for vLLM's: "stop" (EOS or a stop token) or "length" (anything else that ended it)."""
+    return None if not reason else "stop" if reason == "stop" else "length"
