@@ -21,11 +21,10 @@ from release.core.package import PROVENANCE, SIGNATURE, verify_package
 from release.registry import Registry
 from release.registry import tags as T
 from release.registry.states import APPROVED, AWAITING_APPROVAL
+from release.registry.versions import fetch_verified, package_uri
 from release.signing.approval import sign_approval
 from release.signing.keys import SigningKey, Trust
 from release.signing.package import sign_package
-
-from .versions import fetch_verified, package_uri
 
 
 @dataclass(frozen=True)
