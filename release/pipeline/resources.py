@@ -29,9 +29,9 @@ GB = 1 << 30
 MEMORY_FIT: dict[str, tuple[float, int, str]] = {
     "int4": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
     "int8": (0.6, GB, "reference (PyTorch over the mapped checkpoint) and convert (the builder)"),
-    # fp16 is validated on onnxruntime's CPU kernels, one weight widened to fp32 at a time
-    # (release/backends/onnxruntime_genai/lean.py); before that the 0.5B fp16 promote was OOM-killed in
-    # validate inside 1.0x + 1 GB, its fp32 copies of every weight resident together.
+    # fp16 is validated on the CPU one weight widened to fp32 at a time (the built-in backend's lean
+    # validation, docs/disk-and-memory.md); before that the 0.5B fp16 promote was OOM-killed in validate
+    # inside 1.0x + 1 GB, its fp32 copies of every weight resident together.
     "fp16": (1.0, GB, "validate (the fp16 candidate mapped, one weight at a time widened to fp32)"),
     "fp32": (2.2, GB, "convert (onnxruntime reading the fp32 external data)"),
 }
