@@ -27,6 +27,7 @@ from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
 from gates.eval_paired import (
     BASELINES,
     PAIRED_FILE,
+    SAMPLES_FILE,
     Baseline,
     Comparison,
     Side,
@@ -35,8 +36,8 @@ from gates.eval_paired import (
     harness_of,
     margin_problems,
     paired_status,
-    write_evidence,
     write_paired,
+    write_samples,
 )
 from gates.harness.config import HarnessTask, task_problems
 from gates.harness.run import run_tasks
@@ -181,9 +182,9 @@ class EvalGate:
                                                harness.scores("production") if harness.production else None,
                                                label, self.config.confidence)
             comparisons, skipped = comparisons + found, skipped + notes
-            if found:
-                write_paired(context.work_dir / PAIRED_FILE, comparisons)
-                paired_evidence = list(dict.fromkeys([*paired_evidence, context.work_dir / PAIRED_FILE]))
+        if paired_evidence or comparisons:  # every comparison, the eval set's and the harness tasks', in one file
+            write_paired(context.work_dir / PAIRED_FILE, comparisons)
+            paired_evidence.append(context.work_dir / PAIRED_FILE)
         # --- end paired comparison ---
         status, reason = self._verdict(checks, skipped, comparisons, len(rows))
         return GateResult(
@@ -244,8 +245,9 @@ class EvalGate:
         candidate = Side("candidate", "candidate", rows)
         comparisons = compare_sides(metrics, self.config.margins, data.rows, candidate, baselines,
                                     self.config.confidence)
-        evidence = write_evidence(context.work_dir, metrics, data.rows, [candidate, *baselines], comparisons)
-        return comparisons, evidence, notes
+        samples = context.work_dir / SAMPLES_FILE  # eval-paired.json is written by run, harness comparisons included
+        write_samples(samples, metrics, data.rows, [candidate, *baselines])
+        return comparisons, [samples], notes
 
     def _production_metrics(self, context: GateContext, data: EvalSet, metrics: list[Metric]
                             ) -> tuple[dict[str, float] | None, str | None, list[ScoredRow] | None]:

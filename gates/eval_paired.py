@@ -145,15 +145,6 @@ def harness_comparisons(margins: Mapping[str, float], candidate: Sequence[Sample
     return out, notes
 
 
-def write_evidence(folder: Path, metrics: Sequence[Metric], data: Sequence[EvalRow], sides: Sequence[Side],
-                   comparisons: Sequence[Comparison]) -> list[Path]:
-    """SAMPLES_FILE and PAIRED_FILE in `folder`; their paths, for the gate's evidence."""
-    samples, paired = folder / SAMPLES_FILE, folder / PAIRED_FILE
-    write_samples(samples, metrics, data, sides)
-    write_paired(paired, comparisons)
-    return [samples, paired]
-
-
 def write_samples(path: Path, metrics: Sequence[Metric], data: Sequence[EvalRow], sides: Sequence[Side]) -> None:
     """One line per eval row: its id, prompt and expected answer, and per side the output and each
     per-sample value; the evidence a reader can recompute every comparison from."""

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from release.core.errors import ReleaseError
+from release.serving.parsing import decode_json
 from release.serving.protocol import RequestProblem
 
 if TYPE_CHECKING:
@@ -59,11 +60,12 @@ def admin_routes(state: ServerState) -> list[Route]:
     async def listing(_: Request) -> Response:
         return refused() or JSONResponse({"adapters": _listing(state)})
 
+    async def admitted(request: Request) -> dict[str, Any] | Response:
+        """The request's body once the server may answer admin requests at all; else the refusal."""
+        return refused() or await _body(request)
+
     async def load(request: Request) -> Response:
-        denied = refused()
-        if denied is not None:
-            return denied
-        body = await _body(request)
+        body = await admitted(request)
         if isinstance(body, Response):
             return body
         version = body.get("version")
@@ -80,10 +82,7 @@ def admin_routes(state: ServerState) -> list[Route]:
                              "seconds": round(time.monotonic() - started, 3), "adapters": _listing(state)})
 
     async def unload(request: Request) -> Response:
-        denied = refused()
-        if denied is not None:
-            return denied
-        body = await _body(request)
+        body = await admitted(request)
         if isinstance(body, Response):
             return body
         assert state.adapters is not None
@@ -99,16 +98,15 @@ def admin_routes(state: ServerState) -> list[Route]:
 
 
 async def _body(request: Request) -> dict[str, Any] | Response:
+    """The request's JSON object through the server's one bounded decoder, naming the adapter's model."""
     raw = await request.body()
     if len(raw) > 4096:
         return _bad("body", "larger than 4096 bytes")
-    import json  # noqa: PLC0415
-
     try:
-        body = json.loads(raw)
-    except ValueError:
-        return _bad("body", "not JSON")
-    if not isinstance(body, dict) or not isinstance(body.get("model"), str) or not body["model"]:
+        body = decode_json(raw)
+    except RequestProblem as problem:
+        return JSONResponse(problem.body(), status_code=problem.status)
+    if not isinstance(body.get("model"), str) or not body["model"]:
         return _bad("model", "required: the adapter's registered model name")
     return body
 

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from release.backends.base import Generation
-from release.backends.onnxruntime_genai.model import MODEL_FILE, open_tokenizer, read_genai_config
+from release.backends.onnxruntime_genai.model import MODEL_FILE, GenaiTokens, open_tokenizer, read_genai_config
 from release.core.errors import InputError
 
 _FLOAT16 = 10  # onnx.TensorProto.FLOAT16
@@ -51,7 +51,7 @@ def runs_lean(model_dir: Path, execution_provider: str) -> bool:
                for i in graph.input)
 
 
-class LeanCpuModel:
+class LeanCpuModel(GenaiTokens):
     """release.backends.base.LoadedModel over one low-memory onnxruntime session (see the module docstring)."""
 
     def __init__(self, model_dir: Path) -> None:
@@ -80,17 +80,6 @@ class LeanCpuModel:
     @property
     def context_length(self) -> int:
         return int(self._config["model"].get("context_length", 0)) or 2048
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        eos = self._config["model"].get("eos_token_id", [])
-        return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-
-    def encode(self, text: str) -> list[int]:
-        return [int(i) for i in self._tokenizer.encode(text)]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tokenizer.decode(np.asarray(ids, dtype=np.int32)))
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """Teacher-forced logits for `ids`, (len(ids), vocab), float32: one forward with an empty past."""

@@ -64,7 +64,27 @@ def open_tokenizer(model: Any) -> Any:
     return tokenizer
 
 
-class GenaiModel:
+class GenaiTokens:
+    """What a model read from an onnxruntime-genai folder says of its tokens: the served tokenizer and the
+    EOS ids of genai_config.json (shared by the og.Model path and the lean CPU path)."""
+
+    _tokenizer: Any
+    _config: dict[str, Any]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self._config["model"].get("eos_token_id", [])
+        return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids exactly as the served model sees `text` (special tokens such as BOS included)."""
+        return [int(i) for i in self._tokenizer.encode(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(np.asarray(ids, dtype=np.int32)))
+
+
+class GenaiModel(GenaiTokens):
     """A converted model folder, loaded once; thread-safe for concurrent generate/logits calls."""
 
     def __init__(self, model_dir: Path, model: Any, tokenizer: Any, genai_config: dict[str, Any]) -> None:
@@ -108,18 +128,6 @@ class GenaiModel:
         """The smallest KV capacity the model runs with: 0, or its sliding window when the builder gave the
         window layers a bounded cache (GroupQueryAttention refuses a smaller one, whatever the prompt)."""
         return kv_floor(self._config)
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        eos = self._config["model"].get("eos_token_id", [])
-        return [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids exactly as the served model sees `text` (special tokens such as BOS included)."""
-        return [int(i) for i in self._tokenizer.encode(text)]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tokenizer.decode(np.asarray(ids, dtype=np.int32)))
 
     def generate(self, prompt: str, max_new_tokens: int) -> Generation:
         """Greedy completion of `prompt`, at most `max_new_tokens` new tokens."""
