@@ -401,6 +401,11 @@ class Backend(ABC):
                log_path: Path) -> ExportResult:
         """Build the folder this engine serves from the merged `checkpoint` into `out` (which exists, empty)."""
 
+    def shape_export(self, out: Path, settings: BaseModel | None) -> list[str]:
+        """Shape the folder `export` built in `out` by this engine's validated `convert.<id>` block (None when
+        release.yaml gives none); notes for the convert summary. Default: the block shapes no build."""
+        return []
+
     @abstractmethod
     def load(self, model_dir: Path, execution_provider: str = "cpu") -> LoadedModel:
         """Load a built folder for validation and the offline gates."""

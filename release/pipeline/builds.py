@@ -43,11 +43,13 @@ class Builds:
         """(reference, candidate): the checkpoint's own numbers or an fp32 build, and the build at cfg's
         precision (one build when that is fp32)."""
         conv = cfg.convert
+        block = conv.engine_settings(backend.id)
+        settings = block.model_dump(mode="json") if block is not None else {}
 
         def stage(precision: str, label: str) -> ConvertStage:
             return ConvertStage(ConvertInputs(upstream=self.upstream, precision=precision, backend=backend.id,
                                               execution_provider=conv.execution_provider,
-                                              checkpoint=self.checkpoint), label=label)
+                                              checkpoint=self.checkpoint, engine_settings=settings), label=label)
 
         if backend.reference_from_checkpoint:
             # The checkpoint's own numbers, computed once (release/stages/reference.py); one build.

@@ -142,7 +142,9 @@ class Engine:
         if on_job is not None:
             on_job(job)
         batch = self.batch
-        if batch is not None and batch.healthy and params.seed is None and not params.scored:
+        # An adapter's job runs on the thread pool: an engine's batch serves its base (og.Engine has no
+        # per-request adapter; vLLM's runner batches in vLLM and has no batch here).
+        if batch is not None and batch.healthy and params.seed is None and not params.scored and adapter is None:
             batch.submit(job)
         else:
             self._pool.submit(self._run, job)

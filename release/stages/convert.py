@@ -49,9 +49,10 @@ class ConvertOutputs(StageResult):
 
 
 def convert(model_dir: Path, out_dir: Path, precision: str, backend: str = AUTO,
-            execution_provider: str = "cpu") -> ConvertOutputs:
+            execution_provider: str = "cpu", engine_settings: dict[str, Any] | None = None) -> ConvertOutputs:
     """Export the merged checkpoint `model_dir` into `out_dir` at `precision` with `backend` (or the first
-    installed backend that supports the family)."""
+    installed backend that supports the family); `engine_settings`: the chosen backend's `convert.<id>` block
+    (its build options, e.g. onnxruntime-genai's LoRA-ready base: Backend.shape_export)."""
     config = check_input(model_dir)
     chosen = choose_backend(config, backend, precision, execution_provider)
     tmp = out_dir.with_name(out_dir.name + ".partial")
@@ -61,6 +62,8 @@ def convert(model_dir: Path, out_dir: Path, precision: str, backend: str = AUTO,
     started = time.perf_counter()
     try:
         result = chosen.export(model_dir, tmp, precision, execution_provider, log_path)
+        if engine_settings and chosen.settings_model is not None:
+            result.notes.extend(chosen.shape_export(tmp, chosen.settings_model.model_validate(engine_settings)))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -104,6 +107,9 @@ class ConvertInputs(StageInputs):
     execution_provider: str = "cpu"
     checkpoint: Path = location()
     into: str = "model"
+    # The backend's `convert.<id>` block where it shapes the build (part of the fingerprint: a LoRA-ready
+    # build is another folder than a plain one).
+    engine_settings: dict[str, Any] = Field(default_factory=dict)
 
 
 class ConvertStage(Stage[ConvertInputs, ConvertOutputs]):
@@ -123,7 +129,7 @@ class ConvertStage(Stage[ConvertInputs, ConvertOutputs]):
     def run(self, out: Path) -> ConvertOutputs:
         i = self.inputs
         result = convert(i.checkpoint, output_folder(out, i.into), i.precision, backend=i.backend,
-                         execution_provider=i.execution_provider)
+                         execution_provider=i.execution_provider, engine_settings=i.engine_settings)
         return result.model_copy(update={"model": i.into})  # relative to the stage folder, as the pipeline reads it
 
     def summary(self, result: ConvertOutputs) -> str:

@@ -8,11 +8,15 @@ Heavy imports (onnxruntime_genai, onnx) happen inside the methods: finding the b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from release.backends.base import (
+    AdapterRunner,
     Backend,
     BatchProbe,
     Deploy,
@@ -28,6 +32,7 @@ from release.backends.base import (
     architecture,
     unnamed_architecture,
 )
+from release.backends.onnxruntime_genai.adapters import GenaiSettings
 from release.backends.onnxruntime_genai.families import GENAI_ARCHITECTURES, genai_config_problems
 from release.backends.planning import GIB, EnginePlan, Target, check_context
 from release.backends.variants import parse_variant
@@ -61,6 +66,7 @@ class OnnxruntimeGenaiBackend(Backend):
     precisions = ("fp32", "fp16", "int8", "int4")
     execution_providers = ("cpu", "cuda")
     runtime_files = (GENAI_CONFIG, MODEL_FILE)
+    settings_model = GenaiSettings
     deploy_files = (f"model/{GENAI_CONFIG}",)
     # Validated against PyTorch on the checkpoint: no fp32 ONNX is built only to be compared with, and an
     # fp32 release is compared with numbers it did not compute itself.
@@ -188,12 +194,34 @@ class OnnxruntimeGenaiBackend(Backend):
             return None
         return GenaiBatchProbe(model_dir, provider)
 
+    # -- adapters: a LoRA-ready base (convert.onnxruntime-genai.adapters) takes .onnx_adapter files at run time
+    def shape_export(self, out: Path, settings: BaseModel | None) -> list[str]:
+        from release.backends.onnxruntime_genai.adapters import make_lora_ready  # noqa: PLC0415 - loads onnx
+
+        ready = settings.adapters if isinstance(settings, GenaiSettings) else None
+        return make_lora_ready(out, ready.target_modules) if ready is not None else []
+
     def adapter_problem(self, precision: str) -> str | None:
-        # og.Adapters feeds an .onnx_adapter file's tensors as graph inputs named for the LoRA weights; the
-        # model builder either leaves LoRA out or bakes one adapter into the graph (extra option adapter_path,
-        # its A/B as initializers, int4-quantized with the rest), so no base it builds takes one at run time.
-        return ("onnxruntime-genai 0.18 loads adapters (og.Adapters) only into a graph built with LoRA inputs, "
-                "and its model builder builds none: this base cannot take an adapter without a rebuild")
+        # Any precision: the LoRA path is float beside the base's own (int4 MatMulNBits included). Whether the
+        # base was built LoRA-ready, and for the adapter's modules, is read from its graph at export_adapter.
+        return None
+
+    def export_adapter(self, adapter_dir: Path, model_dir: Path, out: Path) -> None:
+        from release.backends.onnxruntime_genai import adapters  # noqa: PLC0415 - onnx, onnxruntime
+
+        adapters.export(adapter_dir, model_dir, out)
+
+    def load_with_adapter(self, model_dir: Path, adapter_dir: Path) -> LoadedModel:
+        from release.backends.onnxruntime_genai.adapter_runner import GenaiAdapterModel  # noqa: PLC0415
+        from release.backends.onnxruntime_genai.model import GenaiModel  # noqa: PLC0415 - native libraries
+
+        return GenaiAdapterModel(GenaiModel.load(model_dir), adapter_dir)
+
+    def open_adapter_runner(self, model_dir: Path, settings: ServerSettings,
+                            adapters: Mapping[str, Path]) -> AdapterRunner:
+        from release.backends.onnxruntime_genai.adapter_runner import GenaiAdapterRunner  # noqa: PLC0415
+
+        return GenaiAdapterRunner(model_dir, settings, adapters)
 
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
         from release.backends.onnxruntime_genai.runner import GenaiRunner  # noqa: PLC0415 - native libraries
@@ -204,11 +232,15 @@ class OnnxruntimeGenaiBackend(Backend):
         return Flavour("onnx", model_file=MODEL_FILE, pip_requirements=tuple(f"{n}=={v}" for n, v in
                                                                              tool_versions().items()))
 
-    def flavour_model(self, model_dir: Path) -> FlavourModel:
+    def flavour_model(self, model_dir: Path) -> FlavourModel | None:
         """MLflow's onnx flavour of model.onnx: the graph without its weights (its initializers still point at
-        their external-data files, which are logged beside it as they are) and a named signature."""
+        their external-data files, which are logged beside it as they are) and a named signature. An adapter's
+        package has no graph (its .onnx_adapter overrides the base's): its files are logged as they are."""
         import numpy as np  # noqa: PLC0415
         import onnx  # noqa: PLC0415 - only registering a version needs it
+
+        if not (model_dir / MODEL_FILE).is_file():
+            return None
 
         graph = onnx.load(str(model_dir / MODEL_FILE), load_external_data=False)
 

@@ -161,7 +161,7 @@ class GenaiModel(GenaiTokens):
         # At least the KV floor (a sliding-window model), so the stop after max_new_tokens is counted here.
         max_length = min(max(len(input_ids) + max_new_tokens, self.kv_floor), self.context_length)
         params.set_search_options(max_length=max_length, do_sample=False, num_beams=1)
-        generator = og.Generator(self._model, params)
+        generator = self._generator(params)
         generator.append_tokens(np.asarray(input_ids, dtype=np.int32))
         for _ in range(max_new_tokens):
             if generator.is_done():
@@ -189,10 +189,16 @@ class GenaiModel(GenaiTokens):
         params = og.GeneratorParams(self._model)
         max_length = min(max(len(ids) + 1, self.kv_floor), self.context_length)
         params.set_search_options(max_length=max_length, do_sample=False, num_beams=1)
-        generator = og.Generator(self._model, params)
+        generator = self._generator(params)
         generator.append_tokens(np.asarray(ids, dtype=np.int32))
         logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
         return np.array(logits[0, -len(ids):], dtype=np.float32)
+
+    def _generator(self, params: Any) -> Any:
+        """A generator of the loaded model (a subclass may set an adapter active on it)."""
+        import onnxruntime_genai as og  # noqa: PLC0415 - native libraries; only when a model is loaded
+
+        return og.Generator(self._model, params)
 
     def _inference_session(self) -> Any:
         # Created on first use: a server that only generates never holds the weights twice.

@@ -96,7 +96,7 @@ class GenaiRunner:
 
     def decode_loop(self, job: Job) -> tuple[str, int]:
         params = job.params
-        generator = self._og.Generator(self.model, self._search_params(job))
+        generator = self._generator(job)
         generator.append_tokens(job.prompt_ids)
         top = params.logprobs or 0
         if params.scored and params.echo:
@@ -127,6 +127,10 @@ class GenaiRunner:
                 return "stop", count
         emit_text(job, stops.flush())
         return "length", count
+
+    def _generator(self, job: Job) -> Any:
+        """The job's generator (GenaiAdapterRunner sets the job's adapter active on it)."""
+        return self._og.Generator(self.model, self._search_params(job))
 
     def _search_params(self, job: Job) -> Any:
         params = job.params

@@ -1,0 +1,221 @@
+"""Adapters as release units on onnxruntime-genai (docs/adapters.md), end to end on the example's tiny model:
+
+  the base released int4 and LoRA-ready (convert.onnxruntime-genai.adapters: zero LoRA inputs beside every
+  projection); the run's adapter released onto tiny-llm@production without merging, as an .onnx_adapter,
+  validated as og serves it on the int4 base against the merged fp32 reference; an adapter for a module the
+  base takes none on refused (exit 2, seconds, nothing registered); relctl serve of the base with the adapter
+  by name; a v2 beside it and the switch back to v1 on the running base (same PID, v1's answers again).
+
+One module story with real parts: MLflow on SQLite, the model builder, og.Adapters, relctl serve on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from release.backends.onnxruntime_genai.adapters import ADAPTER_FILE, BLOCKS, lora_inputs
+from release.registry import Registry
+from release.registry import tags as T
+from release.registry.store import resolve_store
+from release.registry.versions import fetch_package
+from release.signing.keys import project_trust
+from tests.conftest import load_train_module
+
+BASE = "tiny-llm"
+RELCTL = str(Path(sys.executable).with_name("relctl"))
+KEY = "ort-adapter-key"
+PROMPTS = ["reverse b d a f ->", "reverse c a e b ->", "reverse f e d c ->"]
+READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
+
+
+def relctl(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([RELCTL, "--project-dir", str(project), *args], capture_output=True, text=True,
+                          env={**os.environ, "RELCTL_API_KEY": KEY}, timeout=900)
+
+
+def variant(result: Any, folder: Path, change: str) -> Any:
+    """The run's data with its checkpoint changed: `base` (no adapter), `negated` (lora_B times -1: another
+    adapter of the same base) or `lm_head` (a LoRA on lm_head too: a module the LoRA-ready base takes none on)."""
+    shutil.copytree(result.data_dir, folder)
+    ckpt = folder / "checkpoint"
+    weights, config = ckpt / "adapter_model.safetensors", ckpt / "adapter_config.json"
+    if change == "base":
+        weights.unlink()
+        config.unlink()
+    else:
+        tensors = load_file(weights)
+        if change == "negated":
+            tensors = {k: -v if "lora_B" in k else v for k, v in tensors.items()}
+        else:
+            first = next(v for k, v in tensors.items() if k.endswith("q_proj.lora_A.weight"))  # [r, hidden]
+            vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+            tensors["base_model.model.lm_head.lora_A.weight"] = first.copy()
+            tensors["base_model.model.lm_head.lora_B.weight"] = np.zeros((vocab, first.shape[0]), first.dtype)
+            cfg = json.loads(config.read_text())
+            config.write_text(json.dumps({**cfg, "target_modules": [*cfg["target_modules"], "lm_head"]}))
+        save_file(tensors, weights)
+    return replace(result, checkpoint_dir=ckpt, data_dir=folder)
+
+
+def answers(url: str, model: str) -> tuple[list[str], dict[str, str]]:
+    texts, headers = [], {}
+    for prompt in PROMPTS:
+        r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 6,
+                                                       "temperature": 0}, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["choices"][0]["text"])
+        headers = dict(r.headers)
+    return texts, headers
+
+
+def switch(url: str, model: str, version: str) -> httpx.Response:
+    return httpx.post(f"{url}/admin/adapters", json={"model": model, "version": version}, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"})
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> Iterator[dict[str, Any]]:
+    train = load_train_module()
+    root = tmp_path_factory.mktemp("ort-adapters")
+    project = root / "project"
+    project.mkdir()
+    # Eight of the run's prompts keep validation cheap; the path is absolute (the adapter release reads it
+    # as given).
+    prompts = (tiny_run.data_dir / "validation" / "prompts.jsonl").read_text().splitlines()[:8]
+    (root / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
+    head = (f"model: {BASE}\nvalidation:\n  prompts: {root / 'prompts.jsonl'}\n  max_new_tokens: 8\n"
+            f"convert:\n  backend: onnxruntime-genai\n  precision: int4\n{READY}")
+    # The adapter releases take release.yaml's validation as it is (adapter defaults: 0.99); the base's own
+    # int4 quantization on the 64-wide example is judged by the base's usual bar, relaxed for greedy text
+    # on eight prompts (its own numbers are not what this module tests).
+    (project / "release.yaml").write_text(head)
+    def bar(**fields: float) -> str:
+        return head.replace("max_new_tokens: 8\n", "max_new_tokens: 8\n" + "".join(
+            f"  {k}: {v}\n" for k, v in fields.items()))
+
+    (root / "base.yaml").write_text(bar(min_greedy_agreement=0.5))
+    # v2 (the adapter negated: untrained, its distributions flat, so int4 noise flips its argmax where the
+    # trained one's holds) is held to a bar its release.yaml sets, as a team would for such an adapter.
+    (root / "v2.yaml").write_text(bar(min_top1_agreement=0.95, min_greedy_agreement=0.5))
+    runs = {
+        "base": train.log_run(variant(tiny_run, root / "base", "base"), project, experiment=BASE),
+        "support": train.log_run(tiny_run, project, experiment="support"),
+        "support-v2": train.log_run(variant(tiny_run, root / "neg", "negated"), project, experiment="support"),
+        "lm_head": train.log_run(variant(tiny_run, root / "head", "lm_head"), project, experiment="head"),
+    }
+    out: dict[str, Any] = {"project": project, "runs": runs, "seconds": {}}
+    for key, args in (("base", ("-c", str(root / "base.yaml"))), ("support", ("--onto", f"{BASE}@production")),
+                      ("lm_head", ("--onto", f"{BASE}@production"))):
+        started = time.monotonic()
+        out[key] = relctl(project, "promote", runs[key], *args, "--json")
+        out["seconds"][key] = round(time.monotonic() - started, 1)
+    assert out["base"].returncode == 0, out["base"].stderr[-2000:]
+    ready = root / "ready.json"
+    server = subprocess.Popen([RELCTL, "serve", f"{BASE}@production", "--adapters", "--port", "0", "--project-dir",
+                               str(project), "--ready-file", str(ready)], env={**os.environ, "RELCTL_API_KEY": KEY},
+                              stdout=subprocess.DEVNULL, stderr=open(root / "serve.log", "wb"))
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.is_file():
+            assert server.poll() is None and time.monotonic() < deadline, (root / "serve.log").read_text()[-2000:]
+            time.sleep(0.5)
+        out["server"] = json.loads(ready.read_text())
+        out["server_proc"] = server
+        yield out
+    finally:
+        server.terminate()
+        server.wait(60)
+    print("onnxruntime-genai adapter story seconds:", out["seconds"])
+
+
+def test_base_released_lora_ready(story: dict[str, Any]) -> None:
+    registry = Registry(resolve_store(story["project"]))
+    base = registry.get_version(BASE, "1")
+    package = fetch_package(registry, BASE, "1", story["project"] / "fetched-base",
+                            trust=project_trust(story["project"]))
+    inputs = lora_inputs(package.model_dir)
+    # Every projection of both layers takes an A and a B; the rank is the graph's symbolic dimension.
+    assert {name.split(".")[4] for name in inputs} == set(BLOCKS) and len(inputs) == 2 * 2 * len(BLOCKS)
+    assert all("lora_rank" in i.shape for i in inputs.values())
+    assert base.tags[T.PRECISION] == "int4"
+
+
+def test_adapter_released_onto_the_int4_base_without_merging(story: dict[str, Any]) -> None:
+    result = story["support"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["outcome"] == "released" and report["backend"] == "onnxruntime-genai"
+    assert report["precision"] == "int4" and report["base"]["version"] == "1"
+    metrics = report["validation"]["metrics"]
+    # As og serves it on the int4 base, against the merged fp32 reference, at the adapter defaults.
+    assert metrics["top1_agreement"] >= 0.99 and metrics["greedy_agreement"] >= 0.99, metrics
+    assert metrics["mean_kl"] <= 0.01, metrics
+    registry = Registry(resolve_store(story["project"]))
+    mv = registry.get_version(f"{BASE}-support", report["version"])
+    assert mv.tags[T.KIND] == "adapter" and mv.tags[T.BASE_VERSION] == "1"
+    package = fetch_package(registry, f"{BASE}-support", report["version"], story["project"] / "fetched",
+                            trust=project_trust(story["project"]))
+    # The adapter alone: its .onnx_adapter beside the PEFT files it was made from, no graph, no base weights.
+    assert sorted(p.name for p in package.model_dir.iterdir()) == \
+        sorted([ADAPTER_FILE, "adapter_config.json", "adapter_model.safetensors"])
+    print("onnxruntime-genai adapter release:", report["seconds"], {k: metrics[k] for k in
+                                                                     ("top1_agreement", "mean_kl", "greedy_agreement")})
+
+
+def test_adapter_on_a_module_the_base_takes_none_on_is_refused(story: dict[str, Any]) -> None:
+    result = story["lm_head"]
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "lm_head" in result.stderr and "LoRA-ready" in result.stderr
+    assert story["seconds"]["lm_head"] < 30  # before validation (the slow stage): intake, base package, export
+    registry = Registry(resolve_store(story["project"]))
+    assert f"{BASE}-head" not in registry.list_models()
+
+
+def test_the_base_serves_the_adapter_by_name(story: dict[str, Any]) -> None:
+    url = story["server"]["url"]
+    base_texts, base_headers = answers(url, f"{BASE}:1")
+    texts, headers = answers(url, f"{BASE}-support")
+    assert headers["x-relctl-adapter"] == f"{BASE}-support" and headers["x-relctl-adapter-version"] == "1"
+    assert "x-relctl-adapter" not in base_headers
+    # The trained adapter reverses the letters; the base alone was never taught the task.
+    assert texts != base_texts
+    assert texts[0].split()[:4] == ["f", "a", "d", "b"], texts
+    story["v1"] = texts
+
+
+def test_adapter_switch_on_the_running_base(story: dict[str, Any]) -> None:
+    project, url, pid = story["project"], story["server"]["url"], story["server"]["pid"]
+    v1 = story.get("v1") or answers(url, f"{BASE}-support")[0]
+    v2 = relctl(project, "promote", story["runs"]["support-v2"], "--onto", f"{BASE}@production",
+                "--model", f"{BASE}-support", "-c", str(project.parent / "v2.yaml"), "--json")
+    assert v2.returncode == 0, v2.stderr[-2000:]
+    assert json.loads(v2.stdout)["version"] == "2"
+    loaded = switch(url, f"{BASE}-support", "2")
+    assert loaded.status_code == 200 and loaded.json()["version"] == "2", loaded.text
+    v2_texts, headers = answers(url, f"{BASE}-support")
+    assert headers["x-relctl-adapter-version"] == "2" and v2_texts != v1
+    started = time.monotonic()
+    back = switch(url, f"{BASE}-support", "1")
+    seconds = time.monotonic() - started
+    assert back.status_code == 200 and back.json()["version"] == "1", back.text
+    after, headers = answers(url, f"{BASE}-support")
+    assert headers["x-relctl-adapter-version"] == "1" and after == v1
+    assert [a["engine_name"] for a in back.json()["adapters"]] == [f"{BASE}-support-v1"]
+    assert story["server_proc"].poll() is None and story["server_proc"].pid == pid
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    print(f"adapter switch back to v1 on the running onnxruntime-genai base: {seconds:.2f}s")
