@@ -123,7 +123,7 @@ def make_lora_ready(model_dir: Path, targets: list[str], rank: int = DEFAULT_RAN
     path = model_dir / MODEL_FILE
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    shapes = _weight_shapes(model, model_dir)
+    shapes = _weight_shapes(model)
     nodes = {node.name: node for node in graph.node}
     decoder = load_json_object(model_dir / "genai_config.json", "re-run convert")["model"]["decoder"]
     head = int(decoder["head_size"])
@@ -132,7 +132,6 @@ def make_lora_ready(model_dir: Path, targets: list[str], rank: int = DEFAULT_RAN
     sizes["v_proj"] = sizes["k_proj"]
     layers = int(decoder["num_hidden_layers"])
     added: list[Any] = []
-    dtype_of: dict[str, int] = {}
 
     def lora_path(layer: int, module: str, x: str, d_in: int, d_out: int, elem: int) -> str:
         np_dtype = helper.tensor_dtype_to_np_dtype(elem)
@@ -145,7 +144,6 @@ def make_lora_ready(model_dir: Path, targets: list[str], rank: int = DEFAULT_RAN
         added.append(helper.make_node("MatMul", [x, a], [f"{base}_A/output_0"], name=f"{base}_A/MatMul"))
         added.append(helper.make_node("MatMul", [f"{base}_A/output_0", b], [f"{base}_B/output_0"],
                                       name=f"{base}_B/MatMul"))
-        dtype_of[a] = dtype_of[b] = elem
         return f"{base}_B/output_0"
 
     for layer in range(layers):
@@ -156,8 +154,14 @@ def make_lora_ready(model_dir: Path, targets: list[str], rank: int = DEFAULT_RAN
             if node is None:
                 raise InputError(f"adapters.target_modules: the built graph has no {module} projection in layer "
                                  f"{layer}", hint="target the modules this family's builder emits (docs/adapters.md)")
+            if node.name not in shapes:
+                raise InputError(f"adapters.target_modules: {node.name} has no weight initializer to read its "
+                                 "shape from", hint="build the base without convert.onnxruntime-genai.adapters")
             x, out = node.input[0], node.output[0]
             d_in, d_out, elem = shapes[node.name]
+            if module == "qkv_proj" and sum(sizes.values()) != d_out:
+                raise InputError(f"adapters.target_modules: {node.name} is {d_out} wide, not q+k+v = "
+                                 f"{sum(sizes.values())} (genai_config.json)", hint="report this family's build")
             if module == "qkv_proj":
                 # All three parts (zero unless an adapter sets them), concatenated in the packed order.
                 parts = [lora_path(layer, part, x, d_in, sizes[part], elem) for part in PACKED_QKV]
@@ -186,7 +190,7 @@ def _find(nodes: dict[str, Any], layer: int, module: str, block: str | None = No
     return None
 
 
-def _weight_shapes(model: Any, model_dir: Path) -> dict[str, tuple[int, int, int]]:
+def _weight_shapes(model: Any) -> dict[str, tuple[int, int, int]]:
     """Each projection node's (in, out, activation dtype): a float MatMul's weight is [in, out]; a
     MatMulNBits states K and N as attributes, its activations are its scales' dtype (the op's T1)."""
     from onnx import helper  # noqa: PLC0415
