@@ -141,6 +141,8 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> Iterator[d
         server.terminate()
         server.wait(60)
     print("onnxruntime-genai adapter story seconds:", out["seconds"])
+    print("the LoRA-ready base's release:", *[ln for ln in out["base"].stderr.splitlines() if ln.startswith("✓")],
+          sep="\n  ")
 
 
 def test_base_released_lora_ready(story: dict[str, Any]) -> None:
