@@ -22,10 +22,13 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     from release.registry.client import open_registry  # noqa: PLC0415
     from release.signing.keys import release_key, trusted_keys  # noqa: PLC0415
 
-    target = parse_target(onto)
+    parse_target(onto)
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
+    target = parse_target(cfg.adapter_onto(onto) or onto)
+    if name is None and cfg.release.mode == "adapter":
+        name = cfg.model  # release.yaml's model names the adapter in adapter mode (the schema refuses the base's)
     anchor = config_path.parent if config_path else project_dir
     signer = release_key(cfg.signing, anchor)
     trust = trusted_keys(cfg.signing, anchor)
@@ -35,3 +38,16 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     work.mkdir(parents=True)
     return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
                            dry_run)
+
+
+def adapter_onto(onto: str | None, project_dir: Path, config_path: Path | None) -> str | None:
+    """The base `relctl promote` releases an adapter onto: `--onto`, else release.yaml's `release.onto` when
+    its `release.mode` is adapter; None for a merged release. Bad input is exit 2 before any registry call:
+    a malformed target, mode adapter without onto, --onto disagreeing with release.yaml."""
+    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - pydantic: not at import time
+
+    if onto is not None:
+        parse_target(onto)
+    if config_path is None and (project_dir / CONFIG_FILE).is_file():
+        config_path = project_dir / CONFIG_FILE
+    return load_config(config_path).adapter_onto(onto)
