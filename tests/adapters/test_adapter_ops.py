@@ -94,6 +94,8 @@ def test_release_yaml_adapter_mode_bad_input_is_one_line(project_dir: Path) -> N
     disagrees = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}/3")
     assert disagrees.exit_code == 2
     assert f"--onto {BASE}/3 disagrees with release.yaml's release.onto {BASE}@production" in disagrees.stderr
+    named_as_base = relctl(project_dir, "promote", run_id, "--model", BASE)
+    assert named_as_base.exit_code == 2 and "an adapter is its own registered model" in named_as_base.stderr
     assert not (project_dir / ".relctl").exists()  # found before the registry was opened: nothing written
 
 
