@@ -114,7 +114,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
     from release.core.progress import Progress
 
     ctx.as_json = as_json
-    from release.adapters.api import adapter_onto
+    from release.adapters.target import adapter_onto  # light: a merged release loads no adapter code
 
     onto = adapter_onto(onto, ctx.project_dir, config_path)  # --onto, or release.yaml's release.mode: adapter
     if onto is not None:  # an adapter release: its own flow (release/adapters)

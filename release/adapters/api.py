@@ -43,15 +43,3 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
                            dry_run)
 
-
-def adapter_onto(onto: str | None, project_dir: Path, config_path: Path | None) -> str | None:
-    """The base `relctl promote` releases an adapter onto: `--onto`, else release.yaml's `release.onto` when
-    its `release.mode` is adapter; None for a merged release. Bad input is exit 2 before any registry call:
-    a malformed target, mode adapter without onto, --onto disagreeing with release.yaml."""
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - pydantic: not at import time
-
-    if onto is not None:
-        parse_target(onto)
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
-    return load_config(config_path).adapter_onto(onto)
