@@ -181,9 +181,42 @@ class EngineConfig(Strict):
         return _known_or_auto(value)
 
 
+class ModeConfig(Strict):
+    """`release:` what kind of release this is. `mode: adapter` is `relctl promote RUN --onto ONTO`."""
+
+    mode: Literal["merged", "adapter"] = Field(
+        "merged", description="merged: the adapter folded into its base, a whole model released; adapter: the run's "
+                              "LoRA released onto the serving base `onto`, unmerged (docs/adapters.md)")
+    onto: str | None = Field(None, description="mode adapter: the serving base, MODEL@ALIAS or MODEL/VERSION (as "
+                                               "promote --onto); `model` then names the adapter's registered model")
+
+    @field_validator("onto")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        if value is not None:
+            from release.adapters.target import parse_target  # noqa: PLC0415 - only when an adapter is named
+
+            try:
+                parse_target(value)
+            except InputError as exc:
+                raise ValueError(f"{exc.message.removeprefix('--onto').lstrip(': ')}; {exc.hint}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _onto_with_adapter(self) -> ModeConfig:
+        if self.mode == "adapter" and self.onto is None:
+            raise ValueError("mode adapter needs onto: the serving base, e.g. onto: tiny-llm@production")
+        if self.mode == "merged" and self.onto is not None:
+            raise ValueError("onto is for mode: adapter (an adapter released onto a serving base); add mode: adapter "
+                             "or remove onto")
+        return self
+
+
 class ReleaseConfig(Strict):
     model: str | None = Field(None, description="registered model name (letters, digits, '.', '_', '-'); "
-                                                "default: the run's experiment name")
+                                                "default: the run's experiment name (release.mode adapter: the "
+                                                "adapter's own model, default BASE-EXPERIMENT)")
+    release: ModeConfig = ModeConfig()
     source: SourceConfig = SourceConfig()
     merge: MergeConfig = MergeConfig()
     convert: ConvertConfig = ConvertConfig()
@@ -229,6 +262,26 @@ class ReleaseConfig(Strict):
         if why is not None:
             raise ValueError(why)
         return value
+
+    @model_validator(mode="after")
+    def _adapter_is_its_own_model(self) -> ReleaseConfig:
+        # An adapter registered under its base's name would become a version of the base: refused here.
+        if self.release.onto is not None and self.model is not None:
+            from release.adapters.target import parse_target  # noqa: PLC0415 - as in ModeConfig
+
+            if parse_target(self.release.onto).model == self.model:
+                raise ValueError(f"model '{self.model}' is the base that release.onto names; an adapter is its own "
+                                 f"registered model: set model to e.g. {self.model}-support, or remove it")
+        return self
+
+    def adapter_onto(self, given: str | None) -> str | None:
+        """The base an adapter release goes onto: `--onto` (`given`) or release.onto; None for a merged release.
+        InputError (exit 2) when both name a base and disagree."""
+        mine = self.release.onto if self.release.mode == "adapter" else None
+        if given is not None and mine is not None and given != mine:
+            raise InputError(f"--onto {given} disagrees with release.yaml's release.onto {mine}",
+                             hint="drop --onto (release.yaml names the base) or make the two the same")
+        return given or mine
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
@@ -302,4 +355,6 @@ def _problem(label: str, err: Any) -> tuple[str, str]:
             f"known keys here: {', '.join(model.model_fields)}"
         )
         return f"{label}: unknown key '{where}'", hint
-    return f"{label}: {where}: {err['msg']}", "see templates/release.yaml for the schema"
+    # pydantic words a validator's own message "Value error, ..."; the message is the useful part.
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{label}: {where + ': ' if where else ''}{message}", "see templates/release.yaml for the schema"

@@ -8,6 +8,7 @@ from typing import Any
 
 from release.adapters.release import AdapterReport
 from release.adapters.target import parse_target
+from release.core.errors import InputError
 from release.core.progress import Progress
 
 
@@ -22,10 +23,16 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     from release.registry.client import open_registry  # noqa: PLC0415
     from release.signing.keys import release_key, trusted_keys  # noqa: PLC0415
 
-    target = parse_target(onto)
+    parse_target(onto)
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
+    target = parse_target(cfg.adapter_onto(onto) or onto)
+    if name is None and cfg.release.mode == "adapter":
+        name = cfg.model  # release.yaml's model names the adapter in adapter mode (the schema refuses the base's)
+    if name is not None and name == target.model:  # else the adapter would become a version of its base
+        raise InputError(f"--model {name} is the base the adapter goes onto; an adapter is its own registered model",
+                         hint=f"name it e.g. --model {name}-support, or leave --model out ({name}-EXPERIMENT)")
     anchor = config_path.parent if config_path else project_dir
     signer = release_key(cfg.signing, anchor)
     trust = trusted_keys(cfg.signing, anchor)
@@ -35,3 +42,4 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     work.mkdir(parents=True)
     return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
                            dry_run)
+

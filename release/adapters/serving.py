@@ -37,9 +37,11 @@ def engine_name(model: str, version: str) -> str:
 
 
 def production_adapters(registry: Registry, base_model: str, base_version: str) -> dict[str, VersionRecord]:
-    """The production version of every adapter built for `base_model` v`base_version` (by its tags)."""
+    """The production version of every adapter built for `base_model` v`base_version` (by its tags): one
+    search for the models with such a version, then the production alias of those alone (not of every model)."""
     found: dict[str, VersionRecord] = {}
-    for name in registry.list_models():
+    built_for = {T.KIND: KIND, T.BASE_MODEL: base_model, T.BASE_VERSION: base_version}
+    for name in registry.models_tagged(built_for):
         mv = registry.version_for(name, PRODUCTION)
         if mv is not None and mv.tags.get(T.KIND) == KIND and mv.tags.get(T.BASE_MODEL) == base_model \
                 and mv.tags.get(T.BASE_VERSION) == base_version:

@@ -509,6 +509,11 @@ class Backend(ABC):
         """`open_runner` with adapter serving on and `adapters` (name: exported folder) loaded."""
         raise InputError(f"{self.id} cannot serve LoRA adapters")
 
+    def adapter_deploy_args(self, adapters: Mapping[str, tuple[str, int]]) -> list[str]:
+        """The engine's own server args that serve `adapters` (served name: (folder in the pod, LoRA rank))
+        from its start, as open_adapter_runner starts it: what a deployment manifest adds to the base's."""
+        raise InputError(f"{self.id} cannot serve LoRA adapters", hint="render the base alone (without --adapters)")
+
     # -- registry and deployment -------------------------------------------------------------------
     def flavour(self) -> Flavour:
         return Flavour("files")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +83,26 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
              progress: Progress | None = None, allow_unreleased: bool = False,
-             strand_adapters: bool = False) -> AliasMove:
+             strand_adapters: bool = False, seconds: dict[str, float] | None = None) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
     once cannot both act on the same state: the second sees the first's result. A target whose state
     the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
+    `seconds`, when given, receives where the time went: registry_open (MLflow's store, its imports
+    included), verify (download and signature check of the target's package), alias_move (the move under
+    the lock, the card's rollback line).
     """
+
+    spent = seconds if seconds is not None else {}
+    mark = time.monotonic()
+
+    def lap(key: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        spent[key] = round(spent.get(key, 0.0) + now - mark, 3)
+        mark = now
+
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     if to_version is not None:
         check_version_number(to_version, "--to")
@@ -98,12 +112,14 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
 
     registry = open_registry(project_dir)
     registry.require_model(model)
+    lap("registry_open")
     for note in registry.reap_dead_runs(model):
         (progress or Progress(quiet=True)).note(note)
     verified: set[str] = set()
     trust = project_trust(project_dir)
 
     def verify(target: str) -> None:
+        lap("alias_move")
         with tempfile.TemporaryDirectory() as tmp:
             # refuses a package that differs from its release, is not signed by a trusted key, or vouches for
             # another version; then a version released under require_approval needs its signed approval
@@ -111,6 +127,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
                                                warn=(progress or Progress(quiet=False)).note)
         require_approved(registry, model, target, verdict, trust)
         verified.add(target)
+        lap("verify")
 
     # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
     seen = registry.aliases(model)
@@ -145,6 +162,7 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     if move is None:
         raise InputError(f"{model}: the rollback would change nothing", hint="check `relctl status` for the aliases")
     mark_rolled_back(registry, model, move)
+    lap("alias_move")
     return move
 
 

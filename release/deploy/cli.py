@@ -79,6 +79,9 @@ def _node_selector(values: tuple[str, ...]) -> dict[str, str] | None:
               help="Output format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the manifest here instead of stdout.")
+@click.option("--adapters", "with_adapters", is_flag=True,
+              help="Serve the base version's production LoRA adapters too, each pinned by digest (docs/adapters.md); "
+                   "an adapter's MODEL/VERSION renders its base with that adapter.")
 @click.pass_obj
 @handled
 def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None, namespace: str | None, secret: str,
@@ -86,10 +89,11 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
                    gpu_resource: str, allow_unvalidated_device: bool, node_selector: tuple[str, ...],
                    engine_image: str | None, trusted_keys: str,
                    modelcar: bool, cache_gib: float, min_replicas: int, max_replicas: int, startup_seconds: int,
-                   template_path: Path | None, fmt: str, output: Path | None) -> None:
+                   template_path: Path | None, fmt: str, output: Path | None, with_adapters: bool) -> None:
     """A KServe InferenceService serving MODEL/VERSION (a registered version: its backend decides from the
     package the device it was validated on, image, args and environment, its memory plan the memory, its OCI
-    digest the source): a pinned version, so each new version is a new KServe revision."""
+    digest the source): a pinned version, so each new version is a new KServe revision. With --adapters (or
+    an adapter's MODEL/VERSION), its LoRA adapters too, each pinned by source and package digest."""
     from release.core.outputs import check_output_file
     from release.deploy.facts import read_version_facts
     from release.deploy.kserve import (
@@ -116,10 +120,18 @@ def kserve_command(ctx: Ctx, spec: str, image: str, mode: str, name: str | None,
         check_output_file(output, "-o")   # a missing folder is bad input found now, not after the render
     template = template_path.read_text() if template_path is not None else None
     registry = open_registry(ctx.project_dir, read_only=True)
+    pins = None
+    from release.deploy.kserve_adapters import base_of
+    model, version, adapter = base_of(registry, model, version)  # an adapter version: its base, with it
+    if with_adapters or adapter is not None:
+        from release.deploy.kserve_adapters import adapter_pins
+        from release.signing.keys import project_trust
+
+        pins = adapter_pins(registry, model, version, adapter, project_trust(ctx.project_dir))
     # The OCI digest only as the version's signed publication record vouches for it (deploy/pinning.py).
     facts = pin_facts(registry, read_version_facts(registry, model, version), ctx.project_dir)
-    text = (render_kserve_yaml(facts, options, template) if fmt == "yaml"
-            else json.dumps(render_kserve(facts, options, template), indent=2) + "\n")
+    text = (render_kserve_yaml(facts, options, template, pins) if fmt == "yaml"
+            else json.dumps(render_kserve(facts, options, template, pins), indent=2) + "\n")
     if output is None:
         click.echo(text, nl=False)
     else:
@@ -157,14 +169,18 @@ def publish_command(ctx: Ctx, spec: str, target: str, base: str | None, as_json:
 @click.option("--version", "version", default=None,
               help="With --model: the version the digest must be, checked against its signed publication record "
                    "and the package against the version (the registry is read).")
+@click.option("--sha256", "content_sha256", default=None, metavar="HEX",
+              help="The package content digest the manifest pins (relctl.package_content_sha256): anything else "
+                   "is refused.")
 @json_option
 @click.pass_obj
 @handled
-def pull_command(ctx: Ctx, source: str, dest: Path, model: str | None, version: str | None, as_json: bool) -> None:
+def pull_command(ctx: Ctx, source: str, dest: Path, model: str | None, version: str | None,
+                 content_sha256: str | None, as_json: bool) -> None:
     """Fetch a package by OCI digest (or a registered version from the registry) and verify it: digest,
     manifest, signature against the trusted keys. What KServe init containers run before a server starts."""
     from release.deploy.oci import pull_package
 
     ctx.as_json = as_json
-    data = pull_package(source, dest, ctx.project_dir, model, version)
+    data = pull_package(source, dest, ctx.project_dir, model, version, content_sha256)
     emit(data, as_json, lambda: click.echo(f"{source}: verified into {dest}"))

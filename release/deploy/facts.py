@@ -60,11 +60,11 @@ def read_version_facts(registry: Registry, model: str, version: str) -> VersionF
     memory = {key.removeprefix(T.MEMORY_PREFIX): float(value) for key, value in metrics.items()
               if key.startswith(T.MEMORY_PREFIX)}
     backend = mv.tags.get(T.BACKEND) or LEGACY_BACKEND
-    files = _package_files(registry, mv, get_backend(backend).deploy_files)
+    files = package_files(registry, mv, get_backend(backend).deploy_files)
     return VersionFacts(model, version, backend, files, memory, mv.tags.get(T.OCI_DIGEST) or None)
 
 
-def _package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """The package's small config files, verified: the manifest against the registry's digest, each file
     against the manifest. Only these are downloaded, never the weights."""
     label = f"{mv.name} v{mv.version}"

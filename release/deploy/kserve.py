@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -32,6 +32,9 @@ from release.core.model_name import check_model_name, check_version_number
 from release.core.templates import template_text
 from release.deploy.facts import VersionFacts
 from release.deploy.pinning import check_kserve_options, plain_yaml
+
+if TYPE_CHECKING:  # the adapters module reads the registry: loaded only for a render with adapters
+    from release.deploy.kserve_adapters import AdapterPin
 
 PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 # KServe names an InferenceService's Knative services and routes after it: a DNS-1035 label, and short
@@ -126,9 +129,11 @@ def check_options(options: KServeOptions) -> None:
     check_kserve_options(options)  # every Kubernetes name and image reference (release/deploy/pinning.py)
 
 
-def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> dict[str, Any]:
+def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: str | None = None,
+                  adapters: list[AdapterPin] | None = None) -> dict[str, Any]:
     """The InferenceService for `spec` as a dict, ready for yaml.safe_dump. `spec`: the version's facts as
-    read from the registry, or MODEL/VERSION alone (then --memory-gib must be given: no plan is known)."""
+    read from the registry, or MODEL/VERSION alone (then --memory-gib must be given: no plan is known).
+    `adapters`: LoRA adapters served beside it, each pinned by digest (release/deploy/kserve_adapters.py)."""
     facts = spec if isinstance(spec, VersionFacts) else VersionFacts(*parse_version_spec(spec))
     check_options(options)
     model, version = facts.model, facts.version
@@ -200,13 +205,18 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
         _pull_from_oci(predictor, container, facts, options)
     if facts.oci_uri:
         annotations["relctl/storage-uri"] = facts.oci_uri
+    if adapters:
+        from release.deploy.kserve_adapters import add_adapters  # noqa: PLC0415 - adapters only
+
+        add_adapters(manifest, adapters, facts.backend)
     return manifest
 
 
-def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, template: str | None = None) -> str:
+def render_kserve_yaml(spec: str | VersionFacts, options: KServeOptions, template: str | None = None,
+                       adapters: list[AdapterPin] | None = None) -> str:
     """The manifest as YAML text, headed by a comment naming what it serves (and, in Serverless mode, the
     Knative features it needs)."""
-    manifest = render_kserve(spec, options, template)
+    manifest = render_kserve(spec, options, template, adapters)
     annotations = manifest["metadata"]["annotations"]
     header = terminal(f"# relctl render kserve {annotations['relctl/model']}/{annotations['relctl/version']} "
                       f"({MODES_LABEL[annotations[MODE_ANNOTATION]]}; relctl {__version__})") + "\n"

@@ -439,13 +439,18 @@ def pulled_before(folder: Path) -> bool:
 
 
 def pull_package(source: str, dest: Path, project_dir: Path, model: str | None = None,
-                 version: str | None = None) -> dict[str, str]:
+                 version: str | None = None, content_sha256: str | None = None) -> dict[str, str]:
     """`relctl pull`: oci://...@sha256 or MODEL/VERSION into `dest`, verified. `dest` must be new, empty, or a
     package an earlier pull wrote (replaced whole, atomically); anything else is refused before any download.
-    `version` (with `model`): the digest must be the one that version's signed publication record names."""
+    `version` (with `model`): the digest must be the one that version's signed publication record names.
+    `content_sha256`: the package's content digest a manifest pinned (relctl.package_content_sha256): a
+    MODEL/VERSION whose registered package is no longer those bytes is refused, not served."""
     from release.core.outputs import check_new_folder, replace_folder, staging_folder  # noqa: PLC0415
     from release.signing.keys import project_trust  # noqa: PLC0415
 
+    if content_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", content_sha256):
+        raise InputError(f"--sha256 {content_sha256!r}: not a sha256 (64 lower-case hex digits)",
+                         hint="pass the version's relctl.package_content_sha256 (relctl render kserve writes it)")
     if source.startswith("oci://"):
         parse_oci(source)   # a bad reference fails before anything else
     else:
@@ -460,6 +465,14 @@ def pull_package(source: str, dest: Path, project_dir: Path, model: str | None =
         if model is not None and package.model_name != model:
             raise InputError(f"{source}: the package is '{package.model_name}', not '{model}'",
                              hint="the pinned reference names another model's package")
+        if content_sha256 is not None:
+            from release.stages.register import content_sha256 as digest_of  # noqa: PLC0415 - the one definition
+
+            found = digest_of(package)
+            if found != content_sha256:
+                raise InputError(f"{source}: its package content is sha256 {found}, not the {content_sha256} the "
+                                 "manifest pinned", hint="re-render the manifest from the registry "
+                                                         "(relctl render kserve), or restore the released package")
         replace_folder(package.root, dest)
     return {"source": source, "to": str(dest), "model": package.model_name,
             "signature": verdict.signed_by or verdict.status}

@@ -111,9 +111,13 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
     """Every problem with `run_id` and the release configuration, without downloading anything."""
     report = ContractReport(run_id, problems=config_problems(cfg))
     run = report.run = registry.get_run(run_id)  # a missing run is its own, single error
-    report.model, bad_name = release_model_name(registry, cfg, run)
-    if bad_name is not None:
-        report.problems.append(bad_name)
+    adapter = cfg.release.mode == "adapter"
+    if adapter:  # release.mode adapter: the base by content, from tags (seconds); the engine is the base's
+        report.model = adapter_problems(registry, run, cfg, report)
+    else:
+        report.model, bad_name = release_model_name(registry, cfg, run)
+        if bad_name is not None:
+            report.problems.append(bad_name)
     ckpt = cfg.source.artifact_path
     files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt, run)}
     report.found["checkpoint"] = bool(files)
@@ -125,18 +129,19 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
     if "config.json" in files:
         try:
             config = read_run_config(registry, run_id, ckpt)
-            report.problems += search_problems(cfg, gates)  # precision: auto needs margins and a price
-            cfg = checked_config(cfg, config)  # precision: auto: its widest build and every variant
-            report.backend = choose_backend(config, cfg.convert.backend, cfg.convert.precision,
-                                            cfg.convert.execution_provider)
-            report.engine_why = engine_reason(config, cfg, report.backend)
-            report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
-            report.problems += context_problems(cfg, gates, config)  # every context within the model's
-            report.problems += resource_problems(config, cfg, config_dir, report)  # memory and disk, before any stage
-            # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
-            check_supported(config, f"{ckpt}/config.json")
-            if "adapter_config.json" in files:
-                check_adapter_base(registry, run_id, ckpt, config, report)
+            if not adapter:  # an adapter builds no model: its engine, precision and memory are the base's
+                report.problems += search_problems(cfg, gates)  # precision: auto needs margins and a price
+                cfg = checked_config(cfg, config)  # precision: auto: its widest build and every variant
+                report.backend = choose_backend(config, cfg.convert.backend, cfg.convert.precision,
+                                                cfg.convert.execution_provider)
+                report.engine_why = engine_reason(config, cfg, report.backend)
+                report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
+                report.problems += context_problems(cfg, gates, config)  # every context within the model's
+                report.problems += resource_problems(config, cfg, config_dir, report)  # before any stage
+                # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
+                check_supported(config, f"{ckpt}/config.json")
+                if "adapter_config.json" in files:
+                    check_adapter_base(registry, run_id, ckpt, config, report)
         except InputError as exc:
             need(False, exc.message if exc.message.startswith(ckpt) else f"{ckpt}/{exc.message}", exc.hint or "")
     if not files:
@@ -152,6 +157,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(bool(weights), f"{ckpt}/: no *.safetensors weights", "log the weights in Hugging Face layout")
         need("tokenizer.json" in files, f"{ckpt}/tokenizer.json is missing",
              "save the training tokenizer beside the weights (tokenizer.save_pretrained(dir))")
+        need(not adapter or "adapter_config.json" in files, f"{ckpt}/ holds no LoRA adapter (adapter_config.json), "
+             "and release.mode adapter releases one", "log the PEFT adapter with the run, or set release.mode: merged")
         if "adapter_config.json" in files:
             need("adapter_model.safetensors" in files, f"{ckpt}/adapter_config.json has no adapter_model.safetensors",
                  "save the adapter with save_pretrained(..., safe_serialization=True)")
@@ -182,6 +189,24 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, report: ContractReport) -> str | None:
+    """release.mode adapter: the base `release.onto` names, proven by content digest (tags only, as promote
+    does first); the adapter's registered model name, or None when the base cannot be read."""
+    from release.adapters.base_match import match_base  # noqa: PLC0415 - adapter releases only
+    from release.adapters.release import adapter_model_name  # noqa: PLC0415 - as above
+    from release.adapters.target import parse_target  # noqa: PLC0415 - as above
+
+    assert cfg.release.onto is not None  # the schema requires it in adapter mode
+    try:
+        match = match_base(registry, run.run_id, parse_target(cfg.release.onto))
+        report.found["base"] = True  # the run trained on the weights the target version serves
+        return adapter_model_name(cfg.model, match.model, registry.experiment_name(run.experiment_id))
+    except InputError as exc:
+        report.found["base"] = False
+        report.problems.append(Problem(exc.message, exc.hint or ""))
+        return None
 
 
 def resource_problems(config: dict[str, Any], cfg: ReleaseConfig, config_dir: Path | None,

@@ -287,6 +287,16 @@ class Registry:
             raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return sorted((self.get_version(name, str(v.version)) for v in found), key=lambda v: int(v.version))
 
+    def models_tagged(self, tags: dict[str, str]) -> list[str]:
+        """The registered models with a version carrying every tag in `tags`, in one search across models
+        (serve and rollback ask which adapters name a base version; one query, however many models exist)."""
+        query = " and ".join(f"tags.{fl.identifier(k)} = {fl.literal(v)}" for k, v in sorted(tags.items()))
+        try:
+            found = self.client.search_model_versions(query)
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the registry's versions: {exc.message}") from exc
+        return sorted({str(v.name) for v in found})
+
     def engine_labels(self, name: str) -> dict[str, str]:
         """{version: "engine precision"} for every version of `name`, in one search (rollback and history name
         the engines they move between)."""

@@ -356,6 +356,12 @@ class VllmBackend(Backend):
 
         return VllmRunner.start(self, model_dir, settings, adapters)
 
+    def adapter_deploy_args(self, adapters: Mapping[str, tuple[str, int]]) -> list[str]:
+        from release.backends.vllm import adapters as lora  # noqa: PLC0415 - as above
+
+        return lora.flags({name: folder for name, (folder, _) in adapters.items()},
+                          [rank for _, rank in adapters.values()])
+
     def server_command(self, model_dir: Path, served_name: str, host: str, port: int,
                        settings: ServerSettings | None = None, max_logprobs: int = 20) -> ServerCommand:
         label = f"{model_dir.name}/config.json"

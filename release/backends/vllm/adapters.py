@@ -52,17 +52,21 @@ def export(adapter_dir: Path, out: Path) -> None:
         shutil.copy2(adapter_dir / name, out / name)
 
 
-def max_rank(adapters: Mapping[str, Path], floor: int = 16) -> int:
-    """The --max-lora-rank that holds every adapter (and `floor`, so a later load of a rank-16 one fits)."""
-    ranks = [int(adapter_config(folder).get("r") or 0) for folder in adapters.values()]
+def max_rank(ranks: list[int], floor: int = 16) -> int:
+    """The --max-lora-rank that holds every adapter's rank (and `floor`, so a later load of a rank-16 one fits)."""
     need = max([floor, *ranks])
     return next(r for r in RANKS if r >= need)
 
 
 def lora_args(adapters: Mapping[str, Path], slots: int = SLOTS) -> list[str]:
     """vLLM's flags for LoRA serving with `adapters` (engine name: folder) loaded at start."""
-    args = ["--enable-lora", "--max-loras", str(max(slots, len(adapters), 1)), "--max-lora-rank",
-            str(max_rank(adapters))]
+    return flags(adapters, [int(adapter_config(folder).get("r") or 0) for folder in adapters.values()], slots)
+
+
+def flags(adapters: Mapping[str, Path | str], ranks: list[int], slots: int = SLOTS) -> list[str]:
+    """The flags for `adapters` (name: folder, where the server reads it) of these LoRA `ranks`: the one
+    spelling the runner and a deployment manifest (relctl render kserve --adapters) share."""
+    args = ["--enable-lora", "--max-loras", str(max(slots, len(adapters), 1)), "--max-lora-rank", str(max_rank(ranks))]
     if adapters:
         args += ["--lora-modules", *(f"{name}={folder}" for name, folder in adapters.items())]
     return args
