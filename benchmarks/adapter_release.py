@@ -25,7 +25,7 @@ engine that serves adapters beside a base; docs/adapters.md). Everything goes th
 
     PYTHONPATH=$PWD python benchmarks/adapter_release.py [--steps 12] [--requests 192] [--rounds 3] [--concurrency 16]
 
-Results: benchmarks/results/adapter_release.json. Heavy (four vLLM starts, ~25 min on 2 cores): run once.
+Results: benchmarks/results/adapter_release.json. Heavy (five vLLM starts, ~14 min on 2 shared cores): run once.
 """
 
 from __future__ import annotations
