@@ -23,7 +23,9 @@ FILES = ("adapter_config.json", "adapter_model.safetensors")
 # vLLM's --max-lora-rank takes these values only (vllm/config/lora.py MaxLoRARanks).
 RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 RUNTIME_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-SLOTS = 16   # adapters resident at once (--max-loras); more are refused at load, never evicted silently
+# Distinct adapters in one batch (--max-loras; --max-cpu-loras defaults to it). vLLM 0.32 does not refuse a
+# 17th load: its worker's LRU cache evicts the oldest and re-reads it from its folder at its next request.
+SLOTS = 16
 HINT = "release this run merged instead: relctl promote RUN (without --onto)"
 
 
