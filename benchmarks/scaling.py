@@ -21,12 +21,16 @@ The whole promote: peak RSS (the same tree sum) against the checkpoint's bytes, 
 run's logged checkpoint; hard links counted once), and two floors measured on the same input:
   read_once_s     reading and hashing the checkpoint once (page cache warm: the promote's own reads are too)
   builder_alone   onnxruntime-genai's model builder run by hand on the checkpoint at that precision
-                  (seconds and peak RSS): what convert cannot go below
+                  (seconds and peak RSS), inside a memory group (--builder-cap-gb): what convert cannot go below
+  reference_matmul  the reference stage's FLOPs at this machine's measured fp32 GFLOP/s
+Each row's `against_floors` gives every stage's time over its floor beside issue 28's goal.
 and relctl's own disk at its peak during the promote (sampled every 2 s) against checkpoint + candidate.
 Results: benchmarks/results/scaling.json (merged by size and precision across invocations).
 
     python benchmarks/scaling.py --sizes 0.5b --precisions int4,fp16
     python benchmarks/scaling.py --sizes 1.5b --precisions int4 --no-floors
+    python benchmarks/scaling.py --sizes 3b --precisions int4 --label issue28 --floors-only
+    python benchmarks/scaling.py --label issue28 --refit
 """
 
 from __future__ import annotations
@@ -104,11 +108,15 @@ def checkpoint(size: str, cache: Path = CACHE) -> Path:
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<|endoftext|>"],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.post_processor = processors.TemplateProcessing(single="$A", special_tokens=[])
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<unk>").save_pretrained(tmp)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",  # type: ignore[no-untyped-call]
+                                   unk_token="<unk>")
+    fast.save_pretrained(tmp)
     eos = tok.token_to_id("<|endoftext|>")
-    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1000000.0,
-                         tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=eos, eos_token_id=eos,
-                         **SHAPES[size])
+    # One dict: rope_theta is a keyword of older transformers' signature, taken through **kwargs by newer.
+    fields: dict[str, Any] = {"vocab_size": VOCAB, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+                              "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "bos_token_id": eos,
+                              "eos_token_id": eos, **SHAPES[size]}
+    config = Qwen2Config(**fields)
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)  # built in bf16: the 1.5B never exists at fp32 here
     model = Qwen2ForCausalLM(config)
@@ -278,37 +286,147 @@ def read_once_s(ckpt: Path) -> float:
     return round(time.perf_counter() - started, 2)
 
 
-def builder_alone(ckpt: Path, precision: str, work: Path) -> dict[str, Any]:
+def builder_alone(ckpt: Path, precision: str, work: Path, cap_bytes: int) -> dict[str, Any]:
+    """onnxruntime-genai's builder by hand, inside a memory group of `cap_bytes` (or what the machine has
+    free, less 3 GB, if smaller): at int4 it holds about 4x the checkpoint (12.3 GB at 1.5B), which would
+    take a shared machine's memory from everything beside it. Killed there, the row says so and the cap."""
     out = work / f"builder-{precision}"
     shutil.rmtree(out, ignore_errors=True)
+    cap = min(cap_bytes, psutil.virtual_memory().available - 3 * GB)
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o",
-                             str(out), "-p", precision, "-e", provider(precision), "-c", str(work / "builder-cache")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with TreeSampler(proc.pid) as sampler:
-        proc.wait()
+    with MemoryGroup(cap) as group:
+        proc = subprocess.Popen([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o",
+                                 str(out), "-p", precision, "-e", provider(precision), "-c",
+                                 str(work / "builder-cache")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=group.enter)
+        with TreeSampler(proc.pid) as sampler:
+            proc.wait()
+        oom_kills = group.oom_kills()
     result = {"exit_code": proc.returncode, "seconds": round(time.monotonic() - started, 1),
-              "peak_rss_bytes": sampler.peak(), "output_bytes": folder_bytes(out)}
+              "peak_rss_bytes": sampler.peak(), "output_bytes": folder_bytes(out), "cap_bytes": cap,
+              "killed": oom_kills > 0 or proc.returncode in (-9, 137)}
     shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def prompt_tokens(ckpt: Path) -> list[int]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    return [len(tok.encode(p).ids) for p in PROMPTS]
+
+
+def reference_floor(ckpt: Path, new_tokens: int = 16) -> dict[str, Any]:
+    """The reference stage's arithmetic at this machine's measured fp32 GFLOP/s (issue 28's floor): its
+    forwards are one batch of the prompts (left-padded to the longest), greedy `new_tokens` with a KV cache
+    (prefill, then one token a row per step), then one teacher-forced pass over prompt + continuation; each
+    token costs 2 FLOPs per weight it multiplies (every linear layer and the vocabulary projection; the
+    embedding lookup and attention's own products are left out, small at these lengths). GFLOP/s: a
+    2048x2048 fp32 matmul in PyTorch on all cores, best of a few, at the load of the moment. A lower bound:
+    it counts no weight reads, which is what a limit below the checkpoint makes the reference pay."""
+    import torch
+
+    config = json.loads((ckpt / "config.json").read_text())
+    h, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = h // config["num_attention_heads"] * config["num_key_value_heads"]
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter  # q, o, k, v, gate, up, down
+    matmul_weights = layers * per_layer + config["vocab_size"] * h
+    lengths = prompt_tokens(ckpt)
+    width, rows = max(lengths), len(lengths)
+    tokens = rows * width + rows * (new_tokens - 1) + rows * (width + new_tokens)
+    flops = 2.0 * matmul_weights * tokens
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    gflops = 2 * 2048 ** 3 / best / 1e9
+    return {"tokens": tokens, "prompt_tokens": lengths, "new_tokens": new_tokens,
+            "matmul_weights": matmul_weights, "gflop": round(flops / 1e9, 1), "gflops_measured": round(gflops, 1),
+            "seconds": round(flops / 1e9 / gflops, 2)}
+
+
+def floors(size: str, precision: str, work: Path, builder: bool, cap_bytes: int, read: bool = True) -> dict[str, Any]:
+    ckpt = checkpoint(size)
+    out: dict[str, Any] = {"reference_matmul": reference_floor(ckpt)}
+    if read:
+        out["read_once_s"] = read_once_s(ckpt)
+    if builder:
+        out["builder_alone"] = builder_alone(ckpt, precision, work, cap_bytes)
+    return out
+
+
+def against_floors(row: dict[str, Any]) -> dict[str, Any]:
+    """Each stage's time over its floor, beside issue 28's goal (intake <= 1.5x one read, convert <= the
+    builder alone, the reference <= 1.5x its matmul floor; validate's floor, one forward of the prompts in
+    the serving engine, is not measured here)."""
+    seconds = {s["stage"]: s["seconds"] for s in row.get("stages", [])}
+    fl = row.get("floors", {})
+    builder = next((b for b in (fl.get("builder_alone"), fl.get("builder_alone_earlier"))
+                    if b and b.get("exit_code") == 0), None)
+    pairs = {"intake": (fl.get("read_once_s"), 1.5),
+             "convert": (builder["seconds"] if builder else None, 1.0),
+             "reference": ((fl.get("reference_matmul") or {}).get("seconds"), 1.5)}
+    out: dict[str, Any] = {}
+    for stage, (floor, goal) in pairs.items():
+        if stage in seconds and floor:
+            ratio = seconds[stage] / floor
+            out[stage] = {"seconds": seconds[stage], "floor_s": floor, "ratio": round(ratio, 2), "goal": goal,
+                          "holds": ratio <= goal}
+    return out
 
 
 # Published parameter counts of the sizes the fit extrapolates to (bf16 checkpoints: 2 bytes a parameter).
 TARGETS = {"8B": 8.03e9, "70B": 70.6e9}
 
 
+def _line(x: list[float], y: list[float]) -> tuple[float, float]:
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    slope = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+    return slope, my - slope * mx
+
+
+def _set_by(points: list[dict[str, Any]], key: str, targets: dict[str, float]) -> dict[str, Any]:
+    """Per stage, a line through (checkpoint bytes, the stage's `key`) read at each target: the stage with
+    the largest value there is the one that sets the promote's number."""
+    names = [s["stage"] for s in points[0]["stages"]]
+    x = [float(r["checkpoint_bytes"]) for r in points]
+    per_stage: dict[str, dict[str, float]] = {}
+    for name in names:
+        values = [next((s[key] for s in r["stages"] if s["stage"] == name), None) for r in points]
+        if any(v is None for v in values):
+            continue
+        a, b = _line(x, [float(v) for v in values if v is not None])
+        per_stage[name] = {t: a * 2 * params + b for t, params in targets.items()}
+    out: dict[str, Any] = {}
+    for t in targets:
+        ranked = sorted(per_stage, key=lambda n: per_stage[n][t], reverse=True)
+        total = sum(max(0.0, v[t]) for v in per_stage.values())
+        top = ranked[0]
+        out[t] = {"stage": top, "value": round(per_stage[top][t], 1), "unit": "s" if key == "seconds" else "bytes",
+                  "share": round(per_stage[top][t] / total, 2) if key == "seconds" and total else None,
+                  "next": ranked[1] if len(ranked) > 1 else None}
+    return out
+
+
 def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
     """Least-squares line through (checkpoint bytes, measure) per precision over the measured sizes, read at
     the TARGETS: peak RSS, work-folder disk and wall minutes a release runner needs (time on this 2-core
-    machine under its measured load; a line, since every stage streams or runs the model once)."""
+    machine under its measured load; a line, since every stage streams or runs the model once), and which
+    stage sets each: memory, the stage with the largest peak RSS read at the target (per-stage lines);
+    time, the stage with the most seconds there (and its share); disk, relctl's peak against checkpoint +
+    candidate (the fetched checkpoint and the built candidate, held together from convert until register
+    prunes the checkpoint). The memory limit itself is the rule each row ran inside (LIMITS), not a fit."""
     out: dict[str, Any] = {}
     for precision in ("int4", "fp16", "fp32"):
-        points = [r for k, r in rows.items() if k.startswith(f"{label}/") and r["precision"] == precision
-                  and r["exit_code"] == 0 and r["size"] != "tiny"]
+        points = sorted((r for k, r in rows.items() if k.startswith(f"{label}/") and r["precision"] == precision
+                         and r["exit_code"] == 0 and r["size"] != "tiny"), key=lambda r: r["checkpoint_bytes"])
         if len({r["checkpoint_bytes"] for r in points}) < 2:
             continue
         x = [float(r["checkpoint_bytes"]) for r in points]
-        line: dict[str, list[float]] = {}
+        line: dict[str, tuple[float, float]] = {}
         series = [("peak_rss_bytes", [float(r["peak_rss_bytes"]) for r in points]),
                   ("group_peak_bytes", [float(r.get("memory_limit", {}).get("group_peak_bytes", r["peak_rss_bytes"]))
                                         for r in points]),
@@ -318,16 +436,73 @@ def fit(rows: dict[str, Any], label: str = "after") -> dict[str, Any]:
             series.append(("relctl_disk_bytes", [float(r["relctl_disk_bytes"]) for r in points]))
         if all("relctl_disk_peak_bytes" in r for r in points):
             series.append(("relctl_disk_peak_bytes", [float(r["relctl_disk_peak_bytes"]) for r in points]))
+        if all(r.get("candidate_bytes") for r in points):
+            series.append(("candidate_bytes", [float(r["candidate_bytes"]) for r in points]))
         for key, values in series:
-            n = len(x)
-            mx, my = sum(x) / n, sum(values) / n
-            slope = sum((a - mx) * (b - my) for a, b in zip(x, values, strict=True)) / sum((a - mx) ** 2 for a in x)
-            line[key] = [slope, my - slope * mx]
+            line[key] = _line(x, values)
+        share, extra = LIMITS[precision]
         out[precision] = {name: {key: round(a * 2 * params + b, 1 if key == "minutes" else None)
-                                 for key, (a, b) in line.items()} | {"checkpoint_bytes": int(2 * params)}
+                                 for key, (a, b) in line.items()}
+                          | {"checkpoint_bytes": int(2 * params), "memory_limit_bytes": int(share * 2 * params + extra)}
                           for name, params in TARGETS.items()}
         out[precision]["per_checkpoint_byte"] = {key: a for key, (a, _) in line.items()}
+        memory = _set_by(points, "peak_rss_bytes", TARGETS)
+        time_ = _set_by(points, "seconds", TARGETS)
+        ratios = [r["relctl_disk_peak_over_checkpoint_plus_candidate"] for r in points
+                  if r.get("relctl_disk_peak_over_checkpoint_plus_candidate")]
+        out[precision]["set_by"] = {
+            "sizes": [r["size"] for r in points],
+            # The time line is only as good as the loads were alike: a shared machine's rows say theirs.
+            "load_1min_before_after": [[round(r["loadavg"][0][0], 1), round(r["loadavg"][1][0], 1)]
+                                       for r in points if "loadavg" in r],
+            "memory_limit": {"rule": f"{share}x checkpoint + {extra // GB} GB",
+                             "held_at_every_size": all(r.get("memory_limit", {}).get("held") for r in points),
+                             "largest_peak_stage": {t: v["stage"] for t, v in memory.items()}},
+            "peak_rss": memory,
+            "time": time_,
+            "relctl_disk_peak": {"over_checkpoint_plus_candidate": ratios,
+                                 "what": "the fetched checkpoint (intake) and the candidate (convert) together, "
+                                         "until register prunes the checkpoint"
+                                 if ratios and max(ratios) <= 1.05 else
+                                 "the checkpoint, the candidate and a copy beyond them (ratio above 1.05)"}}
     return out
+
+
+def earlier_builder(label: str, size: str, precision: str, rows: dict[str, Any] | None = None
+                    ) -> dict[str, Any] | None:
+    """The builder alone does not change with relctl: the one measured before, this label's first, else the
+    last other label's (named: another session, another load)."""
+    kept = rows if rows is not None else json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.is_file() else {}
+    labels = [label, *reversed([k.split("/")[0] for k in kept if k.split("/")[0] != label])]
+    for other in labels:
+        earlier = kept.get(f"{other}/{size}/{precision}", {}).get("floors", {}).get("builder_alone")
+        if earlier is not None and earlier.get("exit_code") == 0:
+            return {**earlier, "measured_under_label": earlier.get("measured_under_label", other)}
+    return None
+
+
+def save(label: str, key: str, update: dict[str, Any] | None = None, row: dict[str, Any] | None = None) -> None:
+    """Merge one row (or `update` into an existing row) and refit. Read again just before writing: another
+    invocation (another size) may have written meanwhile."""
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    rows = results.setdefault("rows", {})
+    if row is not None:
+        rows[key] = row
+    elif key in rows and update is not None:
+        rows[key] = {**rows[key], **update}
+    for name, kept in rows.items():
+        if not name.startswith(f"{label}/"):
+            continue
+        fl = kept.setdefault("floors", {})
+        if (fl.get("builder_alone") or {}).get("exit_code", 0) != 0 and "builder_alone_earlier" not in fl:
+            # Killed at its cap on this shared machine: the time floor is the last completed run's (named).
+            _, size, precision = name.split("/")
+            fl["builder_alone_earlier"] = earlier_builder(label, size, precision, rows)
+        kept["against_floors"] = against_floors(kept)
+    results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
+    results["fit"] = fit(rows, label)
+    results["fit_label"] = label
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def main() -> None:
@@ -335,37 +510,42 @@ def main() -> None:
     parser.add_argument("--sizes", default="0.5b", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--precisions", default="int4,fp16")
     parser.add_argument("--no-floors", action="store_true", help="skip the builder-alone floor (minutes at 1.5B)")
+    parser.add_argument("--floors-only", action="store_true",
+                        help="measure the floors of rows already stored under --label (no promote) and refit")
+    parser.add_argument("--refit", action="store_true", help="only recompute the fit of --label's rows")
+    parser.add_argument("--builder-cap-gb", type=float, default=14.0,
+                        help="memory group the builder alone runs in (the machine's free memory less 3 GB if lower)")
     parser.add_argument("--label", default="after", help="key the rows are stored under (before/after a change)")
     parser.add_argument("--work", type=Path, default=CACHE / "work")
     args = parser.parse_args()
+    cap = int(args.builder_cap_gb * GB)
+    if args.refit:
+        save(args.label, "")
+        return
     for size in args.sizes.split(","):
-        ckpt = checkpoint(size)
         for precision in args.precisions.split(","):
+            key = f"{args.label}/{size}/{precision}"
+            if args.floors_only:
+                stored = json.loads(RESULTS.read_text())["rows"][key].get("floors", {})
+                measured = floors(size, precision, args.work, not args.no_floors, cap, read="read_once_s" not in stored)
+                # The read measured with the promote stays (same run, same load); what was missing is added,
+                # and a builder measured now replaces one borrowed from another label.
+                added = set(stored.get("added_after_the_promote", [])) | (set(measured) - set(stored))
+                merged = {**measured, **stored, "added_after_the_promote": sorted(added)}
+                if "builder_alone" in measured:
+                    merged["builder_alone"] = measured["builder_alone"]
+                    merged["added_after_the_promote"] = sorted(added | {"builder_alone"})
+                save(args.label, key, {"floors": merged, "loadavg_floors": list(os.getloadavg())})
+                continue
             load_before = os.getloadavg()
             row = promote(size, precision, args.work)
-            row["floors"] = {"read_once_s": read_once_s(ckpt)}
-            if not args.no_floors:
-                row["floors"]["builder_alone"] = builder_alone(ckpt, precision, args.work)
-            else:  # the builder alone does not change with relctl: keep the one measured before, if any
-                kept = json.loads(RESULTS.read_text()).get("rows", {}) if RESULTS.is_file() else {}
-                # This label's own first, else the last other label's (named: another session, another load).
-                labels = [args.label, *reversed([k.split("/")[0] for k in kept if k.split("/")[0] != args.label])]
-                for label in labels:
-                    earlier = kept.get(f"{label}/{size}/{precision}", {}).get("floors", {}).get("builder_alone")
-                    if earlier is not None:
-                        row["floors"]["builder_alone"] = {**earlier, "measured_under_label": label}
-                        break
-            row["loadavg"] = [load_before, os.getloadavg()]
             shutil.rmtree(args.work / f"{size}-{precision}", ignore_errors=True)
+            row["floors"] = floors(size, precision, args.work, not args.no_floors, cap)
+            if args.no_floors and (earlier := earlier_builder(args.label, size, precision)) is not None:
+                row["floors"]["builder_alone"] = earlier
+            row["loadavg"] = [load_before, os.getloadavg()]
             print(json.dumps(row, indent=2))
-            # Read again just before writing: another invocation (another size) may have written meanwhile.
-            results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
-            rows = results.setdefault("rows", {})
-            rows[f"{args.label}/{size}/{precision}"] = row
-            results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
-            results["fit"] = fit(rows, args.label)
-            results["fit_label"] = args.label
-            RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+            save(args.label, key, row=row)
 
 
 if __name__ == "__main__":
