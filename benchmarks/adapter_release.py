@@ -23,7 +23,13 @@ engine that serves adapters beside a base; docs/adapters.md). Everything goes th
    its switch seconds read from its output; the server's and the engine's PIDs are compared before/after,
    and an answer through the front must name adapter version 1.
 
+4. With --engine onnxruntime-genai, step 1 only, on the example's own model (hidden 64) at int4: the base is
+   released LoRA-ready (convert.onnxruntime-genai.adapters, docs/adapters.md), the run released merged (the
+   baseline, same release.yaml) and as an adapter (an .onnx_adapter validated as og serves it on the int4
+   base). Written under the results' `onnxruntime_genai` key; the vLLM sections are left as they are.
+
     PYTHONPATH=$PWD python benchmarks/adapter_release.py [--steps 12] [--requests 192] [--rounds 3] [--concurrency 16]
+    PYTHONPATH=$PWD python benchmarks/adapter_release.py --engine onnxruntime-genai
 
 Results: benchmarks/results/adapter_release.json. Heavy (five vLLM starts, ~14 min on 2 shared cores): run once.
 """
@@ -176,6 +182,57 @@ def rollback(project: Path, url: str, env: dict[str, str], server_pid: int, engi
             "engine_pid_unchanged": engine_pid in alive}
 
 
+def release_seconds(report: dict[str, Any]) -> dict[str, Any]:
+    """Per-stage seconds of a promote's --json report: merged releases list stages, adapter releases seconds."""
+    if "stages" in report:
+        return {k: v.get("seconds") for k, v in (report.get("stages") or {}).items()}
+    return dict(report.get("seconds", {}))
+
+
+def genai_releases(workdir: Path | None) -> None:
+    """Step 4: the same comparison on onnxruntime-genai int4 (a LoRA-ready base; no serving rows)."""
+    from release.signing.keygen import create_keypair
+    from tests.adapters.conftest import variant
+    from tests.conftest import load_tinyllm, load_train_module
+
+    load_before = os.getloadavg()
+    tinyllm, train = load_tinyllm(), load_train_module()
+    with tempfile.TemporaryDirectory(prefix="adapter-bench-genai-") as tmp:
+        root = workdir or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        pair = create_keypair(root / "keys")
+        os.environ.update(RELCTL_SIGNING_KEY=str(pair.private), RELCTL_TRUSTED_KEYS=str(pair.public))
+        project = root / "project"
+        project.mkdir()
+        (project / "release.yaml").write_text(
+            "model: tiny-llm\nconvert:\n  backend: onnxruntime-genai\n  precision: int4\n"
+            "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n")
+        trained = tinyllm.train_tiny_llm(root / "trained", tinyllm.TrainConfig())
+        base_run = train.log_run(variant(trained, root / "base", None), project, experiment="tiny-llm")
+        run = train.log_run(trained, project, experiment="support")
+        base_s, _, _ = relctl(project, "promote", base_run)
+        merged_s, merged, _ = relctl(project, "promote", run, "--model", "tiny-llm-merged")
+        adapter_s, adapter, _ = relctl(project, "promote", run, "--onto", "tiny-llm@production")
+    section = {
+        "machine": {"loadavg_before": [round(x, 2) for x in load_before],
+                    "loadavg_after": [round(x, 2) for x in os.getloadavg()]},
+        "model": "examples/tiny-llm TrainConfig() (the example's own model), int4 on onnxruntime-genai's CPU EP, "
+                 "the base LoRA-ready (all-linear)",
+        "baseline": "merged release of the run (relctl promote RUN --model tiny-llm-merged), same release.yaml",
+        "base_release_s": round(base_s, 1),
+        "merged_release_s": round(merged_s, 1),
+        "adapter_release_s": round(adapter_s, 1),
+        "adapter_over_merged": round(adapter_s / merged_s, 3),
+        "merged_stages_s": release_seconds(merged),
+        "adapter_stages_s": release_seconds(adapter),
+        "adapter_validation": adapter.get("validation", {}).get("metrics", {}),
+    }
+    record = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    record["onnxruntime_genai"] = section
+    OUT.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(section, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -184,7 +241,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--workdir", type=Path, help="keep the project here (default: a temporary folder)")
+    parser.add_argument("--engine", choices=("vllm", "onnxruntime-genai"), default="vllm")
     args = parser.parse_args()
+    if args.engine == "onnxruntime-genai":
+        genai_releases(args.workdir)
+        return
     from release.signing.keygen import create_keypair
     from tests.adapters.conftest import variant
     from tests.conftest import load_tinyllm, load_train_module
