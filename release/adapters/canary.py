@@ -54,6 +54,10 @@ def plan_canary(registry: Registry, model: str, cfg: ReleaseConfig, server: str 
         first = exc.errors()[0]
         raise ConfigError(f"gates.canary.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}",
                           hint="see docs/canary.md for the block's fields") from exc
+    dataset = config.traffic.dataset
+    if dataset is not None and not ((config_dir or Path(".")) / dataset).is_file():
+        raise InputError(f"gates.canary.traffic.dataset {dataset}: no such file (relative to {config_dir or '.'})",
+                         hint="point it at a JSONL of prompts, or drop it for synthetic prompts")
     built = (production.tags.get(T.BASE_MODEL), production.tags.get(T.BASE_VERSION))
     if built != base:
         raise InputError(f"{model}'s production v{production.version} serves on {built[0]} v{built[1]}, this release "

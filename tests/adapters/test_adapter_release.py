@@ -173,10 +173,11 @@ def test_adapter_v2_canary_against_v1_on_one_base(story: dict[str, Any], canarie
     assert canaried["served"][1]["x-relctl-adapter-version"] == after[PRODUCTION]
 
 
-def test_adapter_canary_bad_input_exit_2_before_traffic(story: dict[str, Any]) -> None:
+def test_adapter_canary_bad_input_exit_2_before_traffic(story: dict[str, Any], canaried: dict[str, Any]) -> None:
     project, url = story["project"], story["server"]["url"]
     registry = registry_of(story)
     aliases = registry.aliases(SUPPORT)
+    assert PREVIOUS in aliases, f"no second released version: {aliases} ({canaried['report'].get('canary')})"
     started = time.monotonic()
     unknown = relctl(project, "canary", SUPPORT, "--version", "987", "--server", url, env=story["env"])
     assert unknown.returncode == 2 and unknown.stderr.startswith(f"error: {SUPPORT} v987 not found"), unknown.stderr
@@ -185,8 +186,8 @@ def test_adapter_canary_bad_input_exit_2_before_traffic(story: dict[str, Any]) -
     elsewhere = replace(production, version="987", tags={**production.tags, T.BASE_VERSION: "2"})
     with pytest.raises(InputError, match=rf"v987 was built for {BASE} v2, but the server at .* runs {BASE} v1"):
         adapter_arms(url, SUPPORT, production, elsewhere, api_key=KEY)
-    no_key = relctl(project, "canary", SUPPORT, "--version", aliases[PRODUCTION], "--server", url)
-    assert no_key.returncode == 2, no_key.stderr
+    no_key = relctl(project, "canary", SUPPORT, "--version", aliases[PREVIOUS], "--server", url)
+    assert no_key.returncode == 2 and "needs the server's API key" in no_key.stderr, no_key.stderr
     print(f"adapter canary refusals: {time.monotonic() - started:.1f}s")
     assert registry.aliases(SUPPORT) == aliases
     assert not [a for a in admin_listing(url) if ":" in a["served_name"]]
