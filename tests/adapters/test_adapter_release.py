@@ -25,9 +25,11 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from click.testing import CliRunner, Result
 
 from release.backends import get_backend
 from release.canary.adapter_mode import adapter_arms
+from release.cli import cli
 from release.core.errors import InputError
 from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.registry import tags as T
@@ -179,15 +181,20 @@ def test_adapter_canary_bad_input_exit_2_before_traffic(story: dict[str, Any], c
     aliases = registry.aliases(SUPPORT)
     assert PREVIOUS in aliases, f"no second released version: {aliases} ({canaried['report'].get('canary')})"
     started = time.monotonic()
-    unknown = relctl(project, "canary", SUPPORT, "--version", "987", "--server", url, env=story["env"])
-    assert unknown.returncode == 2 and unknown.stderr.startswith(f"error: {SUPPORT} v987 not found"), unknown.stderr
+
+    def canary(*args: str, key: str) -> Result:  # in process: the refusals need no command start-up
+        return CliRunner(env={"RELCTL_API_KEY": key}).invoke(cli, ["--project-dir", str(project), "canary", SUPPORT,
+                                                                   *args, "--server", url])
+
+    unknown = canary("--version", "987", key=KEY)
+    assert unknown.exit_code == 2 and unknown.stderr.startswith(f"error: {SUPPORT} v987 not found"), unknown.stderr
     # An adapter built for another base version than the server runs: named, before any alias or load.
     production = registry.get_version(SUPPORT, aliases[PRODUCTION])
     elsewhere = replace(production, version="987", tags={**production.tags, T.BASE_VERSION: "2"})
     with pytest.raises(InputError, match=rf"v987 was built for {BASE} v2, but the server at .* runs {BASE} v1"):
         adapter_arms(url, SUPPORT, production, elsewhere, api_key=KEY)
-    no_key = relctl(project, "canary", SUPPORT, "--version", aliases[PREVIOUS], "--server", url)
-    assert no_key.returncode == 2 and "needs the server's API key" in no_key.stderr, no_key.stderr
+    no_key = canary("--version", aliases[PREVIOUS], key="")
+    assert no_key.exit_code == 2 and "needs the server's API key" in no_key.stderr, no_key.stderr
     print(f"adapter canary refusals: {time.monotonic() - started:.1f}s")
     assert registry.aliases(SUPPORT) == aliases
     assert not [a for a in admin_listing(url) if ":" in a["served_name"]]
