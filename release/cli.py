@@ -12,7 +12,7 @@ import click
 
 from release import __version__
 from release.commands.support import Ctx, emit, fail, handled, json_option, quiet_on_closed_stdout
-from release.core.errors import InputError
+from release.core.errors import Blocked, InputError
 from release.core.escape import terminal
 from release.pipeline.failure import raise_on_sigterm
 
@@ -104,11 +104,15 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
               help="Release the run's LoRA adapter onto this serving base, unmerged (docs/adapters.md); --model "
                    "names the adapter's registered model (default BASE-EXPERIMENT). release.yaml: "
                    "release: {mode: adapter, onto: ...}.")
+@click.option("--server", "canary_server", metavar="URL",
+              help="With --onto and gates.canary: the running `relctl serve BASE --adapters` the new version is "
+                   "canaried on against the adapter's production (RELCTL_API_KEY: its key).")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
-            dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, as_json: bool) -> None:
+            dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, canary_server: str | None,
+            as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.core.progress import Progress
@@ -121,11 +125,18 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
         from release.adapters.api import promote_onto
 
         adapter = promote_onto(run_id, onto, ctx.project_dir, config_path, {}, model_name, dry_run,
-                               Progress(quiet=ctx.quiet))
+                               Progress(quiet=ctx.quiet), canary_server)
         emit(adapter.to_dict(), as_json, lambda: click.echo(
             f"{adapter.model} v{adapter.version} is production on {adapter.base['model']} v{adapter.base['version']}"
-            if adapter.version else f"{adapter.model}: {adapter.outcome} (nothing registered)"))
+            if adapter.outcome == "released" else f"{adapter.model}: {adapter.outcome}"
+            + (f" (v{adapter.version})" if adapter.version else " (nothing registered)")))
+        if adapter.canary is not None and not adapter.canary["passed"]:
+            raise Blocked(f"{adapter.model} v{adapter.version}: canary {adapter.canary['reason']}",
+                          hint=f"evidence: {adapter.canary['evidence'][0] if adapter.canary['evidence'] else '-'}")
         return
+    if canary_server is not None:
+        raise InputError("--server: the base server of an adapter's canary; it goes with --onto",
+                         hint="relctl promote RUN --onto BASE@production --server URL")
     overrides: dict[str, Any] = {}
     if precision:
         overrides["convert.precision"] = precision

@@ -13,7 +13,8 @@ from release.core.progress import Progress
 
 
 def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | None,
-                 overrides: dict[str, Any], name: str | None, dry_run: bool, progress: Progress) -> AdapterReport:
+                 overrides: dict[str, Any], name: str | None, dry_run: bool, progress: Progress,
+                 canary_server: str | None = None) -> AdapterReport:
     """Release run `run_id`'s LoRA adapter onto the base version `onto` names, unmerged (docs/adapters.md).
     Every input problem is found before any download: the target's spelling, release.yaml, the signing key,
     the base by content digest."""
@@ -41,5 +42,4 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
-                           dry_run)
-
+                           dry_run, canary_server, anchor)

@@ -8,7 +8,9 @@ without merging (docs/adapters.md).
   3. build for the base's engine and precision (Backend.export_adapter);
   4. validate as served: base + adapter in the engine against the merged fp32 reference;
   5. register: its own registered model, a version linked to the base version by tags, a signed package
-     of the adapter alone, `production` moved per adapter.
+     of the adapter alone, `production` moved per adapter; with `gates.canary` configured and a production
+     version to compare with, registered as `candidate` and judged on the running base first
+     (release/adapters/canary.py), the canary's outcome moving the aliases.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from release.adapters.base_match import BaseMatch, match_base
+from release.adapters.canary import plan_canary, run_release_canary
 from release.adapters.package import AdapterPackaging
 from release.adapters.target import BaseTarget
 from release.adapters.validation import adapter_thresholds, validate_adapter
@@ -55,6 +58,7 @@ class AdapterReport:
     validation: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     release_run: str | None = None
+    canary: dict[str, Any] | None = None   # the canary's gate-shaped report, when one ran
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,9 +75,12 @@ def adapter_model_name(given: str | None, base_model: str, run_experiment: str) 
 
 def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: ReleaseConfig, work: Path,
                     trust: Trust, signer: SigningKey | None, progress: Progress, name: str | None = None,
-                    dry_run: bool = False) -> AdapterReport:
+                    dry_run: bool = False, canary_server: str | None = None, config_dir: Path | None = None
+                    ) -> AdapterReport:
     """Release the LoRA adapter of training run `run_id` onto the base `target`; Blocked (exit 1) when its
-    validation fails, InputError (exit 2) for a base it does not belong to, before any download."""
+    validation fails, InputError (exit 2) for a base it does not belong to, before any download.
+    `canary_server`: the base server a configured canary runs on (report.outcome `canary-fail` etc. when
+    the candidate does not pass; the caller decides the exit)."""
     started = time.monotonic()
     match = match_base(registry, run_id, target)
     run = registry.get_run(run_id)
@@ -88,6 +95,7 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
                          hint="release the run merged (relctl promote RUN), or re-release the base on an "
                               "engine that serves adapters (relctl backends; docs/adapters.md)")
     report.backend, report.precision = backend.id, precision
+    plan = plan_canary(registry, model, cfg, canary_server, (match.model, match.version), config_dir)
     report.seconds["base_match"] = round(time.monotonic() - started, 3)
     progress.done("base", report.seconds["base_match"],
                   f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves")
@@ -141,13 +149,22 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
                                     extra_tags=extra, description=card,
                                     numbers={f"validation.{k}": v for k, v in verdict.metrics.items()},
                                     reason=f"adapter released onto {match.model} v{match.version}",
+                                    target="candidate" if plan else "production",
+                                    waits_for=f"its canary on {plan.server}" if plan else "the canary",
                                     package_dir=package.root)
             result = RegisterStage(inputs, registry, release, package, signer, "relctl promote --onto").run(
                 work / "register")
-            release.set_tags({T.OUTCOME: result.outcome})
+            report.version, report.outcome = result.version, result.outcome
             report.release_run = release.run_id
-        report.version, report.outcome = result.version, result.outcome
-        report.seconds["register"] = round(time.monotonic() - t, 3)
+            report.seconds["register"] = round(time.monotonic() - t, 3)
+            if plan is not None and result.outcome == "candidate":
+                t = time.monotonic()
+                with progress.stage("canary"):
+                    report.canary = run_release_canary(registry, plan, model, result.version, work / "canary",
+                                                       release.run_id, progress.note)
+                report.outcome = "released" if report.canary["passed"] else f"canary-{report.canary['outcome']}"
+                report.seconds["canary"] = round(time.monotonic() - t, 3)
+            release.set_tags({T.OUTCOME: report.outcome})
     report.seconds["total"] = round(time.monotonic() - started, 3)
     return report
 

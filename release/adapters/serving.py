@@ -4,6 +4,10 @@ the switch an admin request or a rollback makes while the base keeps serving (sa
 Clients name an adapter in the OpenAI `model` field by its registered model (`tiny-llm-support`); the engine
 holds each loaded version under its own name (`tiny-llm-support-v2`), so a switch loads the new version
 first, points the name at it, then unloads the old one: no request sees a missing adapter.
+
+A version can also be served beside the adapter's own name under its pinned name `MODEL:VERSION`
+(`tiny-llm-support:2`, as the base is `tiny-llm:1`): the canary's candidate arm. Two served names of one
+version share its engine name; the engine unloads it only when no served name uses it any more.
 """
 
 from __future__ import annotations
@@ -30,10 +34,28 @@ class ServedAdapter:
     version: str
     engine_name: str     # what the engine loaded it as
     folder: Path
+    pinned: bool = False  # served as MODEL:VERSION beside MODEL (a canary's candidate), not as MODEL
+
+    @property
+    def served_name(self) -> str:
+        """What clients send as `model` to reach this entry."""
+        return pinned_name(self.model, self.version) if self.pinned else self.model
 
 
 def engine_name(model: str, version: str) -> str:
     return f"{model}-v{version}"
+
+
+def pinned_name(model: str, version: str) -> str:
+    """The served name of one version of an adapter beside its production (`tiny-llm-support:2`)."""
+    return f"{model}:{version}"
+
+
+def split_pinned(name: str) -> tuple[str, str | None]:
+    """(model, version) of a served name; version None for a plain adapter name. Registered model names never
+    hold ':' (release/core/model_name.py), so the split is unambiguous."""
+    model, sep, version = name.rpartition(":")
+    return (model, version) if sep else (name, None)
 
 
 def production_adapters(registry: Registry, base_model: str, base_version: str) -> dict[str, VersionRecord]:
@@ -73,18 +95,19 @@ class AdapterTable:
         self._served: dict[str, ServedAdapter] = {}
         self._lock = threading.Lock()
 
-    def lookup(self, model: str) -> ServedAdapter | None:
+    def lookup(self, name: str) -> ServedAdapter | None:
+        """The entry a request's `model` field names (an adapter's name or a pinned MODEL:VERSION)."""
         with self._lock:
-            return self._served.get(model)
+            return self._served.get(name)
 
     def listing(self) -> list[ServedAdapter]:
         with self._lock:
-            return sorted(self._served.values(), key=lambda a: a.model)
+            return sorted(self._served.values(), key=lambda a: a.served_name)
 
     def adopt(self, served: ServedAdapter) -> None:
         """An adapter the engine loaded at start (open_adapter_runner)."""
         with self._lock:
-            self._served[served.model] = served
+            self._served[served.served_name] = served
 
     def switch(self, model: str, version: str | None) -> tuple[ServedAdapter | None, ServedAdapter]:
         """Serve `model` at `version` (None: its production version): load it, point the name at it, unload
@@ -94,21 +117,43 @@ class AdapterTable:
         if current is not None and current.version == version:
             return current, current
         new = ServedAdapter(model, version, engine_name(model, version), package.model_dir)
-        self.runner.load_adapter(new.engine_name, new.folder)
+        return self._put(new)
+
+    def pin(self, model: str, version: str) -> tuple[ServedAdapter | None, ServedAdapter]:
+        """Serve `model` v`version` under `MODEL:VERSION` beside `model` itself (which keeps its version)."""
+        version, package = self.fetch(model, version)
+        current = self.lookup(pinned_name(model, version))
+        if current is not None:
+            return current, current
+        return self._put(ServedAdapter(model, version, engine_name(model, version), package.model_dir, pinned=True))
+
+    def _put(self, new: ServedAdapter) -> tuple[ServedAdapter | None, ServedAdapter]:
+        # The engine loads a version once: a pinned name and the adapter's own name may share it.
+        if not self._engine_uses(new.engine_name):
+            self.runner.load_adapter(new.engine_name, new.folder)
         with self._lock:
-            old = self._served.get(model)
-            self._served[model] = new
-        if old is not None:
-            self.runner.unload_adapter(old.engine_name)
+            old = self._served.get(new.served_name)
+            self._served[new.served_name] = new
+        self._release(old)
         return old, new
 
-    def remove(self, model: str) -> ServedAdapter:
+    def remove(self, name: str) -> ServedAdapter:
+        """Stop serving `name` (an adapter's name or a pinned MODEL:VERSION)."""
         with self._lock:
-            old = self._served.pop(model, None)
+            old = self._served.pop(name, None)
         if old is None:
-            raise InputError(f"adapter {model} is not served here", hint="GET /admin/adapters lists them")
-        self.runner.unload_adapter(old.engine_name)
+            raise InputError(f"adapter {name} is not served here", hint="GET /admin/adapters lists them")
+        self._release(old)
         return old
+
+    def _engine_uses(self, engine: str) -> bool:
+        with self._lock:
+            return any(a.engine_name == engine for a in self._served.values())
+
+    def _release(self, old: ServedAdapter | None) -> None:
+        """Unload `old`'s engine name unless another served name still uses it."""
+        if old is not None and not self._engine_uses(old.engine_name):
+            self.runner.unload_adapter(old.engine_name)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ Three ways to name the two sides (exactly one):
     relctl canary --production PKG --candidate PKG          two package folders, each behind `relctl serve`
     relctl canary MODEL [--version V]                       the registry's production and candidate versions;
                                                             the aliases move at the outcome
+    relctl canary ADAPTER [--version V] --server URL        an adapter's two versions on the one base server
+                                                            that serves it (split by adapter name)
 Exit 0 when the candidate passes, 1 when it fails, is inconclusive or is stopped.
 """
 
@@ -85,6 +87,9 @@ def apply_options(config: CanaryConfig, steps: str | None, step_requests: int | 
 @click.option("--production", "production_pkg", type=click.Path(path_type=Path), help="Production's package folder.")
 @click.option("--candidate", "candidate_pkg", type=click.Path(path_type=Path), help="The candidate's package folder.")
 @click.option("--version", "candidate_version", help="MODEL mode: put this version under canary (sets `candidate`).")
+@click.option("--server", "server_url", metavar="URL",
+              help="MODEL is an adapter: the running `relctl serve BASE --adapters` both versions are served on "
+                   "(its API key in RELCTL_API_KEY).")
 @click.option("-c", "--config", "config_path", type=click.Path(path_type=Path),
               help="release.yaml with a gates.canary block (default: the project's, else built-in defaults).")
 @click.option("--steps", help="Candidate share per step in percent, comma-separated, e.g. 10,25,50.")
@@ -99,9 +104,9 @@ def apply_options(config: CanaryConfig, steps: str | None, step_requests: int | 
 @handled
 def canary_command(ctx: Ctx, model: str | None, production_url: str | None, candidate_url: str | None,
                    production_pkg: Path | None, candidate_pkg: Path | None, candidate_version: str | None,
-                   config_path: Path | None, steps: str | None, step_requests: int | None, rate: float | None,
-                   dataset: Path | None, shadow: bool, confidence: float | None, out: Path | None,
-                   as_json: bool) -> None:
+                   server_url: str | None, config_path: Path | None, steps: str | None,
+                   step_requests: int | None, rate: float | None, dataset: Path | None, shadow: bool,
+                   confidence: float | None, out: Path | None, as_json: bool) -> None:
     """Judge a candidate against production under the same live traffic; exit 1 unless it passes."""
     from release.canary.runner import run_canary
     from release.canary.servers import served
@@ -112,6 +117,9 @@ def canary_command(ctx: Ctx, model: str | None, production_url: str | None, cand
     config = apply_options(config, steps, step_requests, rate, dataset, shadow, confidence)
     work = out or ctx.project_dir / ".relctl" / "canary" / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     say = (lambda line: None) if (ctx.quiet or as_json) else (lambda line: click.echo(line, err=True))
+    if server_url is not None and model is None:
+        raise InputError("canary: --server names the base server of an adapter MODEL",
+                         hint="relctl canary ADAPTER --server http://127.0.0.1:8000")
     modes = [production_url is not None or candidate_url is not None,
              production_pkg is not None or candidate_pkg is not None, model is not None]
     if sum(modes) != 1:
@@ -121,7 +129,8 @@ def canary_command(ctx: Ctx, model: str | None, production_url: str | None, cand
     if model is not None:
         from release.canary.registry_mode import run_model_canary
 
-        result, extra = run_model_canary(model, candidate_version, config, work, base_dir, ctx.project_dir, say)
+        result, extra = run_model_canary(model, candidate_version, config, work, base_dir, ctx.project_dir, say,
+                                         server_url)
     elif modes[0]:
         if production_url is None or candidate_url is None:
             raise InputError("canary: --production-url and --candidate-url go together", hint="pass both")

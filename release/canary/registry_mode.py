@@ -1,5 +1,6 @@
 """`relctl canary MODEL`: production and candidate from the registry's aliases, the outcome moved back
-into them (release.canary.outcome), and a rollback during the canary winning over it."""
+into them (release.canary.outcome), and a rollback during the canary winning over it. An adapter's two
+versions run on the one base server that serves it (`--server URL`, release/canary/adapter_mode.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from release.canary.adapter_mode import AdapterArms, adapter_arms, is_adapter, load_candidate, settle
 from release.canary.outcome import finish_canary, start_canary
 from release.canary.runner import CanaryResult, run_canary
 from release.canary.servers import Registered, served
@@ -34,9 +36,10 @@ def production_moved(registry: Registry, model: str, production: str) -> Callabl
 
 
 def run_model_canary(model: str, candidate_version: str | None, config: CanaryConfig, work: Path,
-                     base_dir: Path | None, project_dir: Path, say: Callable[[str], None]
-                     ) -> tuple[CanaryResult, dict[str, Any]]:
-    """Serve production and candidate versions of `model`, run the canary, move the aliases."""
+                     base_dir: Path | None, project_dir: Path, say: Callable[[str], None],
+                     server: str | None = None) -> tuple[CanaryResult, dict[str, Any]]:
+    """Serve production and candidate versions of `model`, run the canary, move the aliases. An adapter's
+    versions are served on the base server at `server` instead (required for an adapter, refused otherwise)."""
     registry = open_registry(project_dir)
     registry.require_model(model)
     aliases = registry.aliases(model)
@@ -56,6 +59,12 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
         raise InputError(f"{model}: v{candidate} cannot be canaried into production: {why}",
                          hint=f"relctl approve {model}/{candidate} --reason ..." if state == AWAITING_APPROVAL
                          else "release a new version: a rejected one never serves production")
+    prod_mv = registry.get_version(model, production)
+    if is_adapter(prod_mv) or server is not None:
+        # Checked against the running base (its version, what it serves) before any alias moves; the server
+        # verifies the candidate's package (digest, signature, built for its base) when it loads it.
+        arms = adapter_arms(server, model, prod_mv, registry.get_version(model, candidate))
+        return adapter_canary(registry, arms, aliases.get(CANDIDATE) != candidate, config, work, base_dir, say)
     packages = work / "packages"
     # Both verified (manifest digest and signature) before either is served or any alias moves.
     trust = project_trust(project_dir)
@@ -78,4 +87,38 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
     move = finish_canary(registry, model, candidate, production, result)
     extra = {"model": model, "production_version": production, "candidate_version": candidate,
              "alias_move": json.loads(move.to_json()) if move is not None else None}
+    return result, extra
+
+
+def adapter_canary(registry: Registry, arms: AdapterArms, nominate: bool, config: CanaryConfig, work: Path,
+                   base_dir: Path | None, say: Callable[[str], None], release_run: str | None = None
+                   ) -> tuple[CanaryResult, dict[str, Any]]:
+    """The canary of adapter versions on one base: candidate loaded under its pinned name, both arms through
+    the router to the same server, the outcome moved into the aliases, the pinned name unloaded.
+    `release_run`: the adapter release that registered the candidate and runs its canary (as promote's gate)."""
+    model, production, candidate = arms.model, arms.production, arms.candidate
+    if nominate:
+        start_canary(registry, model, candidate, release_run)
+    say(f"canary {model}: v{candidate} against production v{production} on the base at {arms.url}")
+    try:
+        loaded = load_candidate(arms)
+        say(f"{arms.names['candidate']} loaded beside {model} in {loaded.get('seconds')}s")
+        result = run_canary(arms.url, arms.url, config, work, base_dir,
+                            should_stop=production_moved(registry, model, production), progress=say,
+                            models=arms.names, headers=arms.headers)
+    except ReleaseError as exc:
+        settle(arms, False, say)
+        transitions.drop_candidate(registry, model, "canary-error", f"canary could not run: {exc.message}",
+                                   release_run)
+        raise
+    except KeyboardInterrupt:
+        settle(arms, False, say)
+        transitions.unwind(registry, model, candidate, "canary interrupted", release_run)
+        raise
+    move = finish_canary(registry, model, candidate, production, result, release_run)
+    promoted = registry.aliases(model).get(PRODUCTION) == candidate
+    served = settle(arms, promoted, say)
+    extra = {"model": model, "production_version": production, "candidate_version": candidate,
+             "alias_move": json.loads(move.to_json()) if move is not None else None,
+             "adapter": {"server": arms.url, "arms": arms.names, **served}}
     return result, extra

@@ -80,15 +80,20 @@ class CanaryResult:
 
 def run_canary(production_url: str, candidate_url: str, config: CanaryConfig, work_dir: Path,
                base_dir: Path | None = None, should_stop: Callable[[], str | None] | None = None,
-               progress: Callable[[str], None] | None = None) -> CanaryResult:
+               progress: Callable[[str], None] | None = None, models: dict[str, str] | None = None,
+               headers: dict[str, dict[str, str]] | None = None) -> CanaryResult:
     """Walk the steps against two running OpenAI-compatible endpoints; never moves a registry alias.
+
+    `models`/`headers` per side ("production", "candidate"): the `model` each side's requests are rewritten
+    to and headers added to them (two adapter versions on one base server: the same URL twice).
 
     `should_stop` is polled while a step runs and between checks: a reason from it (e.g. "production
     alias moved: rollback") sets the candidate's weight to 0 at once and ends the canary as "stopped".
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
-    router = Router(production_url, candidate_url, record_text=True, timeout_s=config.timeout_s)
+    router = Router(production_url, candidate_url, record_text=True, timeout_s=config.timeout_s, models=models,
+                    headers=headers)
     needed = max((rule.min_samples for rule in config.metrics.values()), default=1)
     # Planned, not sent: the checks end the traffic; room for steps that wait for enough samples.
     per_step = [max(config.step_requests, math.ceil(4 * needed * 100 / w)) for w in config.steps]

@@ -2,7 +2,8 @@
 
     GET  /admin/adapters                     what is served: {model, version, engine_name}
     POST /admin/adapters   {"model": M, "version": "3"}   serve M at v3 (no version: M's production)
-    POST /admin/adapters/unload   {"model": M}
+    POST /admin/adapters   {"model": "M:3"}   also serve M v3 under the name M:3, M itself untouched (a canary)
+    POST /admin/adapters/unload   {"model": M}   (or "M:3")
 
 Behind the server's API key (BearerAuth covers every path but /health): a server started without one
 refuses these paths (403), since anyone who can reach it could otherwise change what it serves. Every
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from release.adapters.serving import split_pinned
 from release.core.errors import ReleaseError
 from release.serving.parsing import decode_json
 from release.serving.protocol import RequestProblem
@@ -39,7 +41,7 @@ def adapter_headers(adapter: ServedAdapter | None) -> dict[str, str]:
 
 def _listing(state: ServerState) -> list[dict[str, str]]:
     table = state.adapters
-    return [{"model": a.model, "version": a.version, "engine_name": a.engine_name}
+    return [{"model": a.model, "version": a.version, "engine_name": a.engine_name, "served_name": a.served_name}
             for a in (table.listing() if table else [])]
 
 
@@ -71,14 +73,21 @@ def admin_routes(state: ServerState) -> list[Route]:
         version = body.get("version")
         if version is not None and not isinstance(version, str):
             return _bad("version", "must be a string like \"3\"")
+        model, pinned = split_pinned(body["model"])
+        if pinned is not None and version not in (None, pinned):
+            return _bad("version", f"{version} contradicts the pinned name {body['model']}")
         assert state.adapters is not None
         table = state.adapters
         started = time.monotonic()
         try:
-            old, new = await asyncio.to_thread(table.switch, body["model"], version)
+            if pinned is not None:
+                old, new = await asyncio.to_thread(table.pin, model, pinned)
+            else:
+                old, new = await asyncio.to_thread(table.switch, model, version)
         except ReleaseError as exc:
             return _bad("model", exc.message, 409)
-        return JSONResponse({"model": new.model, "version": new.version, "replaced": old.version if old else None,
+        return JSONResponse({"model": new.model, "version": new.version, "served_name": new.served_name,
+                             "replaced": old.version if old else None,
                              "seconds": round(time.monotonic() - started, 3), "adapters": _listing(state)})
 
     async def unload(request: Request) -> Response:

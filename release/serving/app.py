@@ -81,8 +81,8 @@ def create_app(state: ServerState) -> ASGIApp:
                 "root": ident.name, "version": ident.version, "serving_config": ident.serving_config,
                 "max_model_len": state.engine.context_length,
                 "max_batch_size": state.engine.batching["max_batch_size"]}
-        cards = [card, *({"id": a.model, "object": "model", "created": 0, "owned_by": "relctl", "root": ident.name,
-                          "parent": state.model_name, "version": a.version}
+        cards = [card, *({"id": a.served_name, "object": "model", "created": 0, "owned_by": "relctl",
+                          "root": ident.name, "parent": state.model_name, "version": a.version}
                          for a in (state.adapters.listing() if state.adapters else []))]
         return JSONResponse({"object": "list", "data": cards})
 

@@ -8,6 +8,10 @@ superset of the load generator's Record, format in docs/canary.md). A weight cha
 request. Shadow mode mirrors a share of production's requests to the candidate and throws the
 candidate's answer away after recording it: clients only ever see production's answers.
 
+Two sides on ONE server (adapter versions on one base, docs/canary.md): `models` names the OpenAI `model`
+each side's requests are rewritten to (`tiny-llm-support` / `tiny-llm-support:2`), `headers` adds headers
+per side (the server's API key); both URLs may then be the same.
+
 Admin: GET/POST /relctl/weights ({"candidate": 0..1, "shadow": 0..1, "step": "label"}); in process,
 Router.set_weights(). X-Relctl-Pin: production|candidate forces a side (warm-up, benchmarks).
 """
@@ -49,8 +53,11 @@ class Router:
     """The proxy's state and ASGI app. Create it, serve `router` with uvicorn (see RouterServer)."""
 
     def __init__(self, production_url: str, candidate_url: str, candidate_weight: float = 0.0,
-                 shadow_share: float = 0.0, record_text: bool = False, timeout_s: float = 60.0) -> None:
+                 shadow_share: float = 0.0, record_text: bool = False, timeout_s: float = 60.0,
+                 models: dict[str, str] | None = None, headers: dict[str, dict[str, str]] | None = None) -> None:
         self.urls = {"production": base_url(production_url), "candidate": base_url(candidate_url)}
+        self.models = dict(models or {})      # backend -> the `model` its requests are rewritten to
+        self.headers = {b: dict((headers or {}).get(b, {})) for b in BACKENDS}
         self.record_text = record_text
         self.timeout_s = timeout_s
         self.candidate_weight = 0.0
@@ -139,7 +146,8 @@ class Router:
     async def _models(self, send: Send) -> None:
         assert self._session is not None
         try:
-            async with self._session.get(self.urls["production"] + "/v1/models") as resp:
+            async with self._session.get(self.urls["production"] + "/v1/models",
+                                         headers=self.headers["production"]) as resp:
                 await _json(send, resp.status, await resp.json(content_type=None))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             await _json(send, 502, {"error": {"message": f"production: {exc.__class__.__name__}", "code": 502}})
@@ -180,11 +188,14 @@ class Router:
         tally = Tally(sent, self.record_text)
         started = False
         try:
-            async with self._session.post(self.urls[backend] + path, data=body, headers={
-                "Content-Type": "application/json", "X-Request-Id": request_id}) as resp:
+            async with self._session.post(self.urls[backend] + path, data=with_model(body, self.models.get(backend)),
+                                          headers={**self.headers[backend], "Content-Type": "application/json",
+                                                   "X-Request-Id": request_id}) as resp:
                 rec.http_status = resp.status
                 rec.model = resp.headers.get("X-Relctl-Model")
                 rec.version = resp.headers.get("X-Relctl-Version")
+                rec.adapter = resp.headers.get("X-Relctl-Adapter")
+                rec.adapter_version = resp.headers.get("X-Relctl-Adapter-Version")
                 rec.serving_config = resp.headers.get("X-Relctl-Serving-Config")
                 tally.stream = resp.headers.get("Content-Type", "").startswith("text/event-stream")
                 if send is not None:
@@ -215,6 +226,21 @@ class Router:
                         [(b"x-relctl-backend", backend.encode())])
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def with_model(body: bytes, model: str | None) -> bytes:
+    """The request body with its OpenAI `model` field set to `model` (None, or a body that is no JSON object:
+    unchanged, and the backend answers it as it would)."""
+    if model is None:
+        return body
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict):
+        return body
+    data["model"] = model
+    return json.dumps(data).encode()
 
 
 def _response_headers(resp: aiohttp.ClientResponse, backend: str, request_id: str) -> list[tuple[bytes, bytes]]:

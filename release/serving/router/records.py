@@ -26,6 +26,8 @@ class RouterRecord(Record):
     model: str | None = None      # X-Relctl-Model / X-Relctl-Version / X-Relctl-Serving-Config of the answer
     version: str | None = None
     serving_config: str | None = None
+    adapter: str | None = None    # X-Relctl-Adapter / -Adapter-Version: the adapter version that answered
+    adapter_version: str | None = None
     sent_at: float = 0.0          # unix time forwarded upstream
     first_token_at: float | None = None
     last_token_at: float | None = None
