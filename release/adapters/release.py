@@ -96,6 +96,7 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
                               "engine that serves adapters (relctl backends; docs/adapters.md)")
     report.backend, report.precision = backend.id, precision
     plan = plan_canary(registry, model, cfg, canary_server, (match.model, match.version), config_dir)
+    prompts_file = _configured_prompts(cfg, config_dir)  # a wrong path fails here, before any download
     report.seconds["base_match"] = round(time.monotonic() - started, 3)
     progress.done("base", report.seconds["base_match"],
                   f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves")
@@ -117,7 +118,7 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
         report.seconds["export"] = round(time.monotonic() - t, 3)
     with progress.stage("validate"):
         t = time.monotonic()
-        prompts = load_prompts(_prompts(cfg, work / "intake", fetched))
+        prompts = load_prompts(prompts_file or _logged_prompts(work / "intake", fetched))
         thresholds = adapter_thresholds(cfg.validation)
         verdict = validate_adapter(backend, base_package.model_dir, exported, checkpoint, prompts, thresholds)
         report.validation = verdict.model_dump(mode="json")
@@ -192,9 +193,20 @@ def _adapter_lineage(checkpoint: Path, match: BaseMatch) -> dict[str, Any]:
     return lineage
 
 
-def _prompts(cfg: ReleaseConfig, intake_dir: Path, fetched: IntakeResult) -> Path:
-    if cfg.validation.prompts:
-        return Path(cfg.validation.prompts)
+def _configured_prompts(cfg: ReleaseConfig, config_dir: Path | None) -> Path | None:
+    """release.yaml's validation.prompts, resolved against release.yaml's folder (as a merged release's are),
+    never the process's cwd; None: the run's own logged prompts are used."""
+    if not cfg.validation.prompts:
+        return None
+    path = Path(cfg.validation.prompts)
+    path = path if path.is_absolute() else (config_dir or Path.cwd()) / path
+    if not path.is_file():
+        raise InputError(f"validation.prompts: {path} is not a file",
+                         hint="fix the path in release.yaml (relative paths are read from its folder)")
+    return path
+
+
+def _logged_prompts(intake_dir: Path, fetched: IntakeResult) -> Path:
     if fetched.prompts is None:
         raise InputError("the run logged no validation/prompts.jsonl", hint="log it, or set validation.prompts")
     return intake_dir / fetched.prompts

@@ -99,6 +99,20 @@ def test_release_yaml_adapter_mode_bad_input_is_one_line(project_dir: Path) -> N
     assert not (project_dir / ".relctl").exists()  # found before the registry was opened: nothing written
 
 
+def test_adapter_validation_prompts_resolve_from_release_yaml(tiny_run: Any, project_dir: Path) -> None:
+    """validation.prompts in adapter mode is read from release.yaml's folder (as a merged release's is), and a
+    missing file is exit 2 before the run's checkpoint is downloaded; nothing is registered."""
+    base_version(project_dir, folder_base_digest(tiny_run.checkpoint_dir))
+    (project_dir / "release.yaml").write_text(
+        f"model: {BASE}-support\n{ADAPTER_MODE}validation:\n  prompts: eval/missing.jsonl\n")
+    run_id = load_train_module().log_run(tiny_run, project_dir, experiment="support")
+    result = relctl(project_dir, "promote", run_id)
+    assert result.exit_code == 2, result.output
+    assert f"validation.prompts: {project_dir / 'eval' / 'missing.jsonl'} is not a file" in result.stderr
+    assert "intake" not in result.stderr  # refused before the download
+    assert not Registry(resolve_store(project_dir)).model_exists(f"{BASE}-support")
+
+
 def rendered(project: Path, spec: str, *flags: str) -> dict[str, Any]:
     """`relctl render kserve SPEC` as JSON (a CPU vLLM package: its engine image named)."""
     result = relctl(project, "render", "kserve", spec, *flags, "--format", "json", "--image", "example.com/relctl:1",
