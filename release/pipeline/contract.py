@@ -137,7 +137,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                 report.engine_why = engine_reason(config, cfg, report.backend)
                 report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
                 report.problems += context_problems(cfg, gates, config)  # every context within the model's
-                report.problems += resource_problems(config, cfg, config_dir, report)  # before any stage
+                report.problems += resource_problems(config, cfg, config_dir, report,  # before any stage
+                                                     merges_adapter="adapter_config.json" in files)
                 # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
                 check_supported(config, f"{ckpt}/config.json")
                 if "adapter_config.json" in files:
@@ -210,11 +211,11 @@ def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, rep
 
 
 def resource_problems(config: dict[str, Any], cfg: ReleaseConfig, config_dir: Path | None,
-                      report: ContractReport) -> list[Problem]:
+                      report: ContractReport, merges_adapter: bool) -> list[Problem]:
     """The release's memory and disk against this machine's (release/pipeline/resources.py)."""
     from release.pipeline import resources  # noqa: PLC0415 - the memory shape rules load only here
 
-    need = resources.needs(config, cfg.convert.precision, cfg.convert.execution_provider)
+    need = resources.needs(config, cfg.convert.precision, cfg.convert.execution_provider, merges_adapter)
     if need is None:
         return []
     report.needs = need.as_dict()

@@ -7,8 +7,10 @@ promote inside a cgroup memory limit):
 - memory: the limit the whole promote (relctl and every process it starts) completes inside,
   MEMORY_FIT[precision] = (share of the checkpoint, bytes on top); the stage nearest it named beside;
 - disk: what relctl itself writes at its peak, just before the release prunes its work folder
-  (release/pipeline/workdirs.py): the fetched and the merged checkpoint, the candidate in the work folder
-  and its one copy in the registry (release/registry/package_links.py), plus DISK_SLACK.
+  (release/pipeline/workdirs.py): the fetched checkpoint (twice when a LoRA adapter is merged: the merged
+  copy beside it) and the candidate, whose one registry copy on a local store is a hard link
+  (release/registry/package_links.py), times DISK_MARGIN plus DISK_SLACK. benchmarks/scaling.py measured
+  the peak at 1.0x checkpoint + candidate at 0.5B-3B.
 The machine: free disk under the project (shutil.disk_usage); memory from the cgroup limit when one is set
 (a CI runner's container), else MemAvailable.
 """
@@ -36,6 +38,7 @@ MEMORY_FIT: dict[str, tuple[float, int, str]] = {
     "fp32": (2.2, GB, "convert (onnxruntime reading the fp32 external data)"),
 }
 DISK_SLACK = 256 << 20
+DISK_MARGIN = 1.1  # the measured peak was 1.0x (scaling.json); the issue's goal is at most 1.2x
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _UNLIMITED = 1 << 60
 
@@ -58,8 +61,9 @@ class Needs:
         return asdict(self)
 
 
-def needs(config: dict[str, Any], precision: str, provider: str) -> Needs | None:
-    """The release's needs, or None when the shape cannot be read (the contract check names that)."""
+def needs(config: dict[str, Any], precision: str, provider: str, merges_adapter: bool = False) -> Needs | None:
+    """The release's needs, or None when the shape cannot be read (the contract check names that).
+    `merges_adapter`: the run logged a LoRA adapter, merged into a second checkpoint-sized copy."""
     from release.backends.shape import builder_weights_bytes, parameter_count, shape_from_config  # noqa: PLC0415
 
     if precision not in MEMORY_FIT:
@@ -73,7 +77,7 @@ def needs(config: dict[str, Any], precision: str, provider: str) -> Needs | None
     candidate = builder_weights_bytes(shape, precision, "cuda" if provider == "cuda" else "cpu")  # type: ignore[arg-type]
     share, extra, stage = MEMORY_FIT[precision]
     return Needs(precision, checkpoint, candidate, int(share * checkpoint + extra), stage,
-                 2 * checkpoint + 2 * candidate + DISK_SLACK)
+                 int(DISK_MARGIN * ((2 if merges_adapter else 1) * checkpoint + candidate)) + DISK_SLACK)
 
 
 def cgroup_memory_limit() -> int | None:

@@ -45,6 +45,12 @@ def test_an_8b_needs_its_bf16_bytes_and_a_small_disk_is_refused_with_numbers() -
     ((message, hint),) = shortfalls(need, small)
     assert "of disk" in message and "14.00 GiB free" in message and "relctl gc" in hint
     assert not shortfalls(need, Machine(64 << 30, "MemAvailable", 1 << 40, "/w"))
+    # Disk: the measured peak is checkpoint + candidate (benchmarks/scaling.py); the prediction stays within
+    # the 1.2x of it, and a merged LoRA adds one checkpoint-sized copy.
+    pair = need.checkpoint_bytes + need.candidate_bytes
+    assert pair < need.disk_bytes <= 1.2 * pair
+    merging = needs(LLAMA3_8B, "int4", "cpu", merges_adapter=True)
+    assert merging is not None and merging.disk_bytes - need.disk_bytes >= need.checkpoint_bytes
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +66,8 @@ def test_check_states_the_needs(project: tuple[Path, str]) -> None:
     assert result.exit_code == 0, result.output + result.stderr
     need = json.loads(result.stdout)["needs"]
     assert need["precision"] == "int4" and need["memory_bytes"] > need["checkpoint_bytes"] > 0
-    assert need["disk_bytes"] >= 2 * need["checkpoint_bytes"] + 2 * need["candidate_bytes"]
+    # The example's run logs a LoRA adapter: its merge is a second checkpoint-sized copy.
+    assert need["disk_bytes"] >= 2 * need["checkpoint_bytes"] + need["candidate_bytes"]
     text = CliRunner().invoke(cli, ["--project-dir", str(folder), "check", run])
     assert "the release needs about" in text.stdout and "of memory" in text.stdout
 
