@@ -51,12 +51,13 @@ def variant(result: Any, folder: Path, scale: float | None) -> Any:
     return replace(result, checkpoint_dir=ckpt, data_dir=folder)
 
 
-def answers(url: str, model: str) -> tuple[list[str], dict[str, str]]:
+def answers(url: str, model: str, key: str = KEY) -> tuple[list[str], dict[str, str]]:
+    """Greedy answers to PROMPTS from `model` on the server at `url`, and the last answer's headers."""
     texts, headers = [], {}
     for prompt in PROMPTS:
         r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 6,
                                                        "temperature": 0}, timeout=120,
-                       headers={"Authorization": f"Bearer {KEY}"})
+                       headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200, r.text
         texts.append(r.json()["choices"][0]["text"])
         headers = dict(r.headers)

@@ -33,12 +33,12 @@ from release.registry import tags as T
 from release.registry.store import resolve_store
 from release.registry.versions import fetch_package
 from release.signing.keys import project_trust
+from tests.adapters.conftest import answers
 from tests.conftest import load_train_module
 
 BASE = "tiny-llm"
 RELCTL = str(Path(sys.executable).with_name("relctl"))
 KEY = "ort-adapter-key"
-PROMPTS = ["reverse b d a f ->", "reverse c a e b ->", "reverse f e d c ->"]
 READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
 
 
@@ -69,18 +69,6 @@ def variant(result: Any, folder: Path, change: str) -> Any:
             config.write_text(json.dumps({**cfg, "target_modules": [*cfg["target_modules"], "lm_head"]}))
         save_file(tensors, weights)
     return replace(result, checkpoint_dir=ckpt, data_dir=folder)
-
-
-def answers(url: str, model: str) -> tuple[list[str], dict[str, str]]:
-    texts, headers = [], {}
-    for prompt in PROMPTS:
-        r = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 6,
-                                                       "temperature": 0}, timeout=60,
-                       headers={"Authorization": f"Bearer {KEY}"})
-        assert r.status_code == 200, r.text
-        texts.append(r.json()["choices"][0]["text"])
-        headers = dict(r.headers)
-    return texts, headers
 
 
 def switch(url: str, model: str, version: str) -> httpx.Response:
@@ -190,8 +178,8 @@ def test_adapter_on_a_module_the_base_takes_none_on_is_refused(story: dict[str, 
 
 def test_the_base_serves_the_adapter_by_name(story: dict[str, Any]) -> None:
     url = story["server"]["url"]
-    base_texts, base_headers = answers(url, f"{BASE}:1")
-    texts, headers = answers(url, f"{BASE}-support")
+    base_texts, base_headers = answers(url, f"{BASE}:1", KEY)
+    texts, headers = answers(url, f"{BASE}-support", KEY)
     assert headers["x-relctl-adapter"] == f"{BASE}-support" and headers["x-relctl-adapter-version"] == "1"
     assert "x-relctl-adapter" not in base_headers
     # The trained adapter reverses the letters; the base alone was never taught the task.
@@ -202,20 +190,20 @@ def test_the_base_serves_the_adapter_by_name(story: dict[str, Any]) -> None:
 
 def test_adapter_switch_on_the_running_base(story: dict[str, Any]) -> None:
     project, url, pid = story["project"], story["server"]["url"], story["server"]["pid"]
-    v1 = story.get("v1") or answers(url, f"{BASE}-support")[0]
+    v1 = story.get("v1") or answers(url, f"{BASE}-support", KEY)[0]
     v2 = relctl(project, "promote", story["runs"]["support-v2"], "--onto", f"{BASE}@production",
                 "--model", f"{BASE}-support", "-c", str(project.parent / "v2.yaml"), "--json")
     assert v2.returncode == 0, v2.stderr[-2000:]
     assert json.loads(v2.stdout)["version"] == "2"
     loaded = switch(url, f"{BASE}-support", "2")
     assert loaded.status_code == 200 and loaded.json()["version"] == "2", loaded.text
-    v2_texts, headers = answers(url, f"{BASE}-support")
+    v2_texts, headers = answers(url, f"{BASE}-support", KEY)
     assert headers["x-relctl-adapter-version"] == "2" and v2_texts != v1
     started = time.monotonic()
     back = switch(url, f"{BASE}-support", "1")
     seconds = time.monotonic() - started
     assert back.status_code == 200 and back.json()["version"] == "1", back.text
-    after, headers = answers(url, f"{BASE}-support")
+    after, headers = answers(url, f"{BASE}-support", KEY)
     assert headers["x-relctl-adapter-version"] == "1" and after == v1
     assert [a["engine_name"] for a in back.json()["adapters"]] == [f"{BASE}-support-v1"]
     assert story["server_proc"].poll() is None and story["server_proc"].pid == pid
