@@ -4,7 +4,8 @@
   projection); the run's adapter released onto tiny-llm@production without merging, as an .onnx_adapter,
   validated as og serves it on the int4 base against the merged fp32 reference; an adapter for a module the
   base takes none on refused (exit 2, seconds, nothing registered); relctl serve of the base with the adapter
-  by name; a v2 beside it and the switch back to v1 on the running base (same PID, v1's answers again).
+  by name; a second adapter beside it; v2 released under a canary against v1 on the one running base (traffic
+  split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID).
 
 One module story with real parts: MLflow on SQLite, the model builder, og.Adapters, relctl serve on 127.0.0.1.
 """
@@ -28,16 +29,18 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from release.backends.onnxruntime_genai.adapters import ADAPTER_FILE, BLOCKS, lora_inputs
-from release.registry import Registry
+from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.store import resolve_store
 from release.registry.versions import fetch_package
+from release.serving.router import read_records
 from release.signing.keys import project_trust
-from tests.adapters.conftest import answers
+from tests.adapters.conftest import PROMPTS, answers
 from tests.conftest import load_train_module
 
 BASE = "tiny-llm"
 RELCTL = str(Path(sys.executable).with_name("relctl"))
+SUPPORT = f"{BASE}-support"
 KEY = "ort-adapter-key"
 READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
 
@@ -49,7 +52,8 @@ def relctl(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def variant(result: Any, folder: Path, change: str) -> Any:
     """The run's data with its checkpoint changed: `base` (no adapter), `negated` (lora_B times -1: another
-    adapter of the same base) or `lm_head` (a LoRA on lm_head too: a module the LoRA-ready base takes none on)."""
+    adapter of the same base: v2, and the second adapter beside the first) or
+    `lm_head` (a LoRA on lm_head too: a module the LoRA-ready base takes none on)."""
     shutil.copytree(result.data_dir, folder)
     ckpt = folder / "checkpoint"
     weights, config = ckpt / "adapter_model.safetensors", ckpt / "adapter_config.json"
@@ -100,15 +104,24 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> Iterator[d
     # v2 (the adapter negated: untrained, its distributions flat, so int4 noise flips its argmax where the
     # trained one's holds) is held to a bar its release.yaml sets, as a team would for such an adapter.
     (root / "v2.yaml").write_text(bar(min_top1_agreement=0.95, min_greedy_agreement=0.5))
+    # v2 goes out under a canary against v1 on the running base (small and bounded: one 50% step, 20
+    # requests at 4/s; prompts without `expected`: the negated v2 answers differently by design).
+    (project / "canary-prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    (project / "release-canary.yaml").write_text(
+        bar(min_top1_agreement=0.95, min_greedy_agreement=0.5) + "gates:\n  canary:\n    steps: [50]\n"
+        "    step_requests: 20\n    step_timeout_s: 90\n"
+        "    traffic: {rate: 4, output_tokens: 6, warmup: 2, dataset: canary-prompts.jsonl}\n")
     runs = {
         "base": train.log_run(variant(tiny_run, root / "base", "base"), project, experiment=BASE),
         "support": train.log_run(tiny_run, project, experiment="support"),
         "support-v2": train.log_run(variant(tiny_run, root / "neg", "negated"), project, experiment="support"),
         "lm_head": train.log_run(variant(tiny_run, root / "head", "lm_head"), project, experiment="head"),
+        "other": train.log_run(variant(tiny_run, root / "other", "negated"), project, experiment="other"),
     }
     out: dict[str, Any] = {"project": project, "runs": runs, "seconds": {}}
     for key, args in (("base", ("-c", str(root / "base.yaml"))), ("support", ("--onto", f"{BASE}@production")),
-                      ("lm_head", ("--onto", f"{BASE}@production"))):
+                      ("lm_head", ("--onto", f"{BASE}@production")),
+                      ("other", ("--onto", f"{BASE}@production", "-c", str(root / "v2.yaml")))):
         started = time.monotonic()
         out[key] = relctl(project, "promote", runs[key], *args, "--json")
         out["seconds"][key] = round(time.monotonic() - started, 1)
@@ -188,24 +201,87 @@ def test_the_base_serves_the_adapter_by_name(story: dict[str, Any]) -> None:
     story["v1"] = texts
 
 
-def test_adapter_switch_on_the_running_base(story: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def canaried(story: dict[str, Any]) -> dict[str, Any]:
+    """v2 (the negated adapter) released with gates.canary against v1 on the story's one running base."""
+    project, url = story["project"], story["server"]["url"]
+    registry = Registry(resolve_store(project))
+    before = registry.aliases(SUPPORT)
+    v1 = story.get("v1") or answers(url, SUPPORT, KEY)[0]
+    result = relctl(project, "promote", story["runs"]["support-v2"], "--onto", f"{BASE}@production", "--model",
+                    SUPPORT, "-c", str(project / "release-canary.yaml"), "--server", url, "--json")
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    return {"result": result, "report": json.loads(result.stdout), "before": before, "v1": v1,
+            "after": registry.aliases(SUPPORT), "served": answers(url, SUPPORT, KEY)}
+
+
+def test_a_second_adapter_beside_the_first(story: dict[str, Any]) -> None:
+    result = story["other"]
+    assert result.returncode == 0, result.stderr[-2000:]
+    url = story["server"]["url"]
+    # The server loaded its production adapters at start; the second one is released after the first.
+    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    if f"{BASE}-other" not in {a["served_name"] for a in listing["adapters"]}:
+        loaded = switch(url, f"{BASE}-other", json.loads(result.stdout)["version"])
+        assert loaded.status_code == 200, loaded.text
+    other, headers = answers(url, f"{BASE}-other", KEY)
+    support, support_headers = answers(url, SUPPORT, KEY)
+    assert headers["x-relctl-adapter"] == f"{BASE}-other" and support_headers["x-relctl-adapter"] == SUPPORT
+    assert headers["x-relctl-model"] == support_headers["x-relctl-model"] == BASE
+    assert headers["x-relctl-version"] == support_headers["x-relctl-version"] == "1"
+    assert other != support  # another adapter (the trained update negated), served by the same base process
+    assert story["server_proc"].poll() is None and story["server_proc"].pid == story["server"]["pid"]
+
+
+def test_adapter_v2_canary_against_v1_on_one_base(story: dict[str, Any], canaried: dict[str, Any]) -> None:
+    report, before, after = canaried["report"], canaried["before"], canaried["after"]
+    version, canary = report["version"], report["canary"]
+    assert canary is not None and version not in before.values(), report
+    assert canary["adapter"]["arms"] == {"production": SUPPORT, "candidate": f"{SUPPORT}:{version}"}
+    assert canary["adapter"]["server"] == story["server"]["url"].rstrip("/")
+    records = [r for r in read_records(Path(canary["records"])) if r.step != "warmup"]
+    by_side = {side: [r for r in records if r.backend == side and r.ok] for side in ("production", "candidate")}
+    assert min(len(rs) for rs in by_side.values()) >= 10, {k: len(v) for k, v in by_side.items()}
+    assert {(r.model, r.version) for r in records if r.ok} == {(BASE, "1")}  # one base answered both arms
+    assert {r.adapter_version for r in by_side["production"]} == {before[PRODUCTION]}
+    assert {r.adapter_version for r in by_side["candidate"]} == {version}
+    assert story["server_proc"].poll() is None and story["server_proc"].pid == story["server"]["pid"]
+    print(f"onnxruntime-genai adapter canary: {canary['status']} in {report['seconds'].get('canary')}s: "
+          f"{canary['reason']}")
+    if canary["outcome"] == "pass":
+        assert canaried["result"].returncode == 0 and after[PRODUCTION] == version
+        assert after[PREVIOUS] == before[PRODUCTION]
+    else:
+        assert canaried["result"].returncode == 1 and after[PRODUCTION] == before[PRODUCTION]
+    assert "candidate" not in after and canaried["served"][1]["x-relctl-adapter-version"] == after[PRODUCTION]
+
+
+def test_adapter_rollback_and_switch_on_the_running_base(story: dict[str, Any], canaried: dict[str, Any]) -> None:
+    """`relctl rollback ADAPTER --server`: an alias move plus a switch on the running base (same PID); then
+    the admin switch both ways. Reads the aliases as they are (the tests run shuffled)."""
     project, url, pid = story["project"], story["server"]["url"], story["server"]["pid"]
-    v1 = story.get("v1") or answers(url, f"{BASE}-support", KEY)[0]
-    v2 = relctl(project, "promote", story["runs"]["support-v2"], "--onto", f"{BASE}@production",
-                "--model", f"{BASE}-support", "-c", str(project.parent / "v2.yaml"), "--json")
-    assert v2.returncode == 0, v2.stderr[-2000:]
-    assert json.loads(v2.stdout)["version"] == "2"
-    loaded = switch(url, f"{BASE}-support", "2")
-    assert loaded.status_code == 200 and loaded.json()["version"] == "2", loaded.text
-    v2_texts, headers = answers(url, f"{BASE}-support", KEY)
-    assert headers["x-relctl-adapter-version"] == "2" and v2_texts != v1
+    registry = Registry(resolve_store(project))
+    aliases = registry.aliases(SUPPORT)
+    assert PREVIOUS in aliases, f"nothing to roll back to: {aliases} ({canaried['report'].get('canary')})"
+    now, back = aliases[PRODUCTION], aliases[PREVIOUS]
+    before, _ = answers(url, SUPPORT, KEY)
     started = time.monotonic()
-    back = switch(url, f"{BASE}-support", "1")
-    seconds = time.monotonic() - started
-    assert back.status_code == 200 and back.json()["version"] == "1", back.text
-    after, headers = answers(url, f"{BASE}-support", KEY)
-    assert headers["x-relctl-adapter-version"] == "1" and after == v1
-    assert [a["engine_name"] for a in back.json()["adapters"]] == [f"{BASE}-support-v1"]
+    rolled = relctl(project, "rollback", SUPPORT, "--server", url, "--json")
+    print(f"onnxruntime-genai adapter rollback: {time.monotonic() - started:.2f}s end to end, "
+          f"{json.loads(rolled.stdout).get('seconds') if rolled.returncode == 0 else rolled.stderr}")
+    assert rolled.returncode == 0, rolled.stderr[-2000:]
+    assert registry.aliases(SUPPORT)[PRODUCTION] == back
+    after, headers = answers(url, SUPPORT, KEY)
+    assert headers["x-relctl-adapter-version"] == back and after != before
+    if back == "1":
+        assert after == canaried["v1"]  # v1's answers again, from the same process
+    # The admin switch both ways, back to production at the end.
+    there = switch(url, SUPPORT, now)
+    assert there.status_code == 200 and there.json()["version"] == now, there.text
+    assert answers(url, SUPPORT, KEY)[0] == before
+    home = switch(url, SUPPORT, back)
+    assert home.status_code == 200 and answers(url, SUPPORT, KEY)[0] == after
+    assert [a["engine_name"] for a in home.json()["adapters"] if a["served_name"] == SUPPORT] == \
+        [f"{SUPPORT}-v{back}"]
     assert story["server_proc"].poll() is None and story["server_proc"].pid == pid
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
-    print(f"adapter switch back to v1 on the running onnxruntime-genai base: {seconds:.2f}s")
