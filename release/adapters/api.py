@@ -6,9 +6,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from release.adapters.policy import unsupported
 from release.adapters.release import AdapterReport
 from release.adapters.target import parse_target
-from release.core.errors import InputError
+from release.core.errors import InputError, InputProblems
 from release.core.progress import Progress
 
 
@@ -16,8 +17,9 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
                  overrides: dict[str, Any], name: str | None, dry_run: bool, progress: Progress,
                  canary_server: str | None = None) -> AdapterReport:
     """Release run `run_id`'s LoRA adapter onto the base version `onto` names, unmerged (docs/adapters.md).
-    Every input problem is found before any download: the target's spelling, release.yaml, the signing key,
-    the base by content digest."""
+    Every input problem is found before any download: the target's spelling, release.yaml (and what of it an
+    adapter release cannot carry out: release/adapters/policy.py), the signing key, the base by content
+    digest."""
     from release.adapters.release import release_adapter  # noqa: PLC0415 - the pipeline: not for a bad --onto
     from release.config import CONFIG_FILE, load_config  # noqa: PLC0415
     from release.pipeline.runner import work_dir_for  # noqa: PLC0415
@@ -28,6 +30,9 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path, overrides)
+    refused = unsupported(cfg)  # a gate, approval or comparison release.yaml asks for is never skipped
+    if refused:
+        raise InputProblems(refused)
     target = parse_target(cfg.adapter_onto(onto) or onto)
     if name is None and cfg.release.mode == "adapter":
         name = cfg.model  # release.yaml's model names the adapter in adapter mode (the schema refuses the base's)

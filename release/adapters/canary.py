@@ -47,6 +47,9 @@ def plan_canary(registry: Registry, model: str, cfg: ReleaseConfig, server: str 
         return None
     production = registry.version_for(model, PRODUCTION) if registry.model_exists(model) else None
     if production is None:
+        if "canary" in cfg.require:  # required gates must pass, not skip (as promote's do)
+            raise InputError(f"require: canary, but {model} has no production version to canary against (its "
+                             "first release)", hint="release the first version without canary in require")
         return None
     try:
         config = CanaryConfig.model_validate(cfg.gates["canary"])

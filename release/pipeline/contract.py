@@ -113,6 +113,10 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
     run = report.run = registry.get_run(run_id)  # a missing run is its own, single error
     adapter = cfg.release.mode == "adapter"
     if adapter:  # release.mode adapter: the base by content, from tags (seconds); the engine is the base's
+        from release.adapters.policy import unsupported  # noqa: PLC0415 - adapter releases only
+
+        said = {p.message for p in report.problems}  # config_problems' `require` line is the same line
+        report.problems += [Problem(message, hint) for message, hint in unsupported(cfg) if message not in said]
         report.model = adapter_problems(registry, run, cfg, report)
     else:
         report.model, bad_name = release_model_name(registry, cfg, run)

@@ -99,6 +99,44 @@ def test_release_yaml_adapter_mode_bad_input_is_one_line(project_dir: Path) -> N
     assert not (project_dir / ".relctl").exists()  # found before the registry was opened: nothing written
 
 
+def test_what_an_adapter_release_would_skip_is_refused(tiny_run: Any, project_dir: Path) -> None:
+    """Gates other than the canary, require_approval, a required gate not configured, engines: an adapter
+    release does not carry them out, so each is exit 2 (one line each, from promote and from check) before
+    anything is written, never skipped in silence."""
+    served = folder_base_digest(tiny_run.checkpoint_dir)
+    base_version(project_dir, served)
+    run_id = load_train_module().log_run(tiny_run, project_dir, experiment="support")
+    cases = {
+        "gates:\n  eval: {}\n  safety: {}\n": "gates.eval, gates.safety: not run by an adapter release",
+        "require_approval: true\n": "require_approval: an adapter release does not wait for an approval",
+        "require: [canary]\n": "release.yaml: require lists canary, which gates: does not configure",
+        "engines:\n  - {backend: vllm, precision: fp32}\n": "engines: an adapter serves on its base's engine",
+    }
+    for extra, expected in cases.items():
+        (project_dir / "release.yaml").write_text(f"model: {BASE}-support\n{ADAPTER_MODE}{extra}")
+        promoted = relctl(project_dir, "promote", run_id)
+        assert promoted.exit_code == 2, (extra, promoted.output)
+        lines = promoted.stderr.splitlines()
+        assert lines[0] == f"error: {expected}" or (lines[0].startswith("error: ") and expected in lines[0]), lines
+        assert len(lines) == 2 and lines[1].startswith("hint: "), lines
+        checked = relctl(project_dir, "check", run_id, "--json")
+        assert checked.exit_code == 2, (extra, checked.output)
+        found = [p["error"] for p in json.loads(checked.stdout)["problems"]]
+        assert len([p for p in found if expected in p]) == 1, found
+        # --onto on the command line with a merged-mode release.yaml takes the same path
+        (project_dir / "release.yaml").write_text(f"model: {BASE}\n{extra}")
+        onto = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}@production", "--model", f"{BASE}-support")
+        assert onto.exit_code == 2 and expected in onto.stderr, (extra, onto.output)
+    # A required canary on the adapter's first release (no production to judge against) is refused too.
+    (project_dir / "release.yaml").write_text(f"model: {BASE}-support\n{ADAPTER_MODE}require: [canary]\n"
+                                              "gates:\n  canary: {}\n")
+    first = relctl(project_dir, "promote", run_id)
+    assert first.exit_code == 2, first.output
+    assert f"require: canary, but {BASE}-support has no production version" in first.stderr
+    registry = Registry(resolve_store(project_dir))
+    assert not registry.model_exists(f"{BASE}-support")
+
+
 def test_adapter_validation_prompts_resolve_from_release_yaml(tiny_run: Any, project_dir: Path) -> None:
     """validation.prompts in adapter mode is read from release.yaml's folder (as a merged release's is), and a
     missing file is exit 2 before the run's checkpoint is downloaded; nothing is registered."""
