@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from release.adapters.serving import KIND, check_adapter_for, production_adapters
@@ -115,8 +116,9 @@ def add_adapters(manifest: dict[str, Any], pins: list[AdapterPin], backend_id: s
     pulls = predictor.get("initContainers") or []
     base_pull = next((c for c in pulls if c.get("name") == "relctl-pull"), None)
     if base_pull is None:
+        template = get_backend(backend_id).deploy().kserve_template
         raise InputError("--adapters: the template has no relctl-pull init container to fetch the adapters with",
-                         hint="start from relctl's templates/kserve-vllm-inferenceservice.yaml")
+                         hint=f"start from relctl's {Path(template).name} (templates/, as relctl init writes it)")
     project_dir = base_pull["command"][base_pull["command"].index("--project-dir") + 1]
     for i, pin in enumerate(pins, 1):
         command = ["relctl", "--project-dir", project_dir, "pull", pin.source, "--to", pin.package_dir,

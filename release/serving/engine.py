@@ -142,8 +142,8 @@ class Engine:
         if on_job is not None:
             on_job(job)
         batch = self.batch
-        # An adapter's job runs on the thread pool: an engine's batch serves its base (og.Engine has no
-        # per-request adapter; vLLM's runner batches in vLLM and has no batch here).
+        # An adapter's job runs on the thread pool: an engine's batch serves its base (an in-process engine's
+        # batcher takes no per-request adapter; an engine server's runner batches on its side, no batch here).
         if batch is not None and batch.healthy and params.seed is None and not params.scored and adapter is None:
             batch.submit(job)
         else:

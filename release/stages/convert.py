@@ -52,7 +52,7 @@ def convert(model_dir: Path, out_dir: Path, precision: str, backend: str = AUTO,
             execution_provider: str = "cpu", engine_settings: dict[str, Any] | None = None) -> ConvertOutputs:
     """Export the merged checkpoint `model_dir` into `out_dir` at `precision` with `backend` (or the first
     installed backend that supports the family); `engine_settings`: the chosen backend's `convert.<id>` block
-    (its build options, e.g. onnxruntime-genai's LoRA-ready base: Backend.shape_export)."""
+    (its build options, e.g. a base built to take LoRA adapters: Backend.shape_export)."""
     config = check_input(model_dir)
     chosen = choose_backend(config, backend, precision, execution_provider)
     tmp = out_dir.with_name(out_dir.name + ".partial")
