@@ -130,6 +130,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         if not ok:
             report.problems.append(Problem(message, hint))
 
+    has_adapter = "adapter_config.json" in files  # a PEFT adapter logged beside the base weights
     if "config.json" in files:
         try:
             config = read_run_config(registry, run_id, ckpt)
@@ -141,11 +142,10 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                 report.engine_why = engine_reason(config, cfg, report.backend)
                 report.problems += engine_problems(cfg, config, gates)  # engines: each must build this family
                 report.problems += context_problems(cfg, gates, config)  # every context within the model's
-                report.problems += resource_problems(config, cfg, config_dir, report,  # before any stage
-                                                     merges_adapter="adapter_config.json" in files)
+                report.problems += resource_problems(config, cfg, config_dir, report, has_adapter)  # before stages
                 # Promote's memory stage plans the architecture: one it cannot plan is refused now, not after convert.
                 check_supported(config, f"{ckpt}/config.json")
-                if "adapter_config.json" in files:
+                if has_adapter:
                     check_adapter_base(registry, run_id, ckpt, config, report)
         except InputError as exc:
             need(False, exc.message if exc.message.startswith(ckpt) else f"{ckpt}/{exc.message}", exc.hint or "")
@@ -162,9 +162,9 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(bool(weights), f"{ckpt}/: no *.safetensors weights", "log the weights in Hugging Face layout")
         need("tokenizer.json" in files, f"{ckpt}/tokenizer.json is missing",
              "save the training tokenizer beside the weights (tokenizer.save_pretrained(dir))")
-        need(not adapter or "adapter_config.json" in files, f"{ckpt}/ holds no LoRA adapter (adapter_config.json), "
+        need(not adapter or has_adapter, f"{ckpt}/ holds no LoRA adapter (adapter_config.json), "
              "and release.mode adapter releases one", "log the PEFT adapter with the run, or set release.mode: merged")
-        if "adapter_config.json" in files:
+        if has_adapter:
             need("adapter_model.safetensors" in files, f"{ckpt}/adapter_config.json has no adapter_model.safetensors",
                  "save the adapter with save_pretrained(..., safe_serialization=True)")
     listed = {p for folder in ("validation", "data") for p in registry.list_artifacts(run_id, folder, run)}
