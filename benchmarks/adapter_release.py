@@ -273,7 +273,7 @@ def main() -> None:
                                          "--model", ADAPTER)
         load_after_releases = os.getloadavg()
 
-        env = {**os.environ, "RELCTL_API_KEY": KEY}
+        env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": KEY}
         with serving(project, root, env) as (server, info):
             url = info["url"]
             engine_pid, engine = engine_of(server.pid)

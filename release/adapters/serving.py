@@ -94,6 +94,9 @@ class AdapterTable:
         self.fetch = fetch
         self._served: dict[str, ServedAdapter] = {}
         self._lock = threading.Lock()
+        # One switch at a time (an admin request and the server following the registry may ask at once): two
+        # would both load the same version before either points a name at it.
+        self._switching = threading.Lock()
 
     def lookup(self, name: str) -> ServedAdapter | None:
         """The entry a request's `model` field names (an adapter's name or a pinned MODEL:VERSION)."""
@@ -112,20 +115,23 @@ class AdapterTable:
     def switch(self, model: str, version: str | None) -> tuple[ServedAdapter | None, ServedAdapter]:
         """Serve `model` at `version` (None: its production version): load it, point the name at it, unload
         what it replaced; (old, new)."""
-        version, package = self.fetch(model, version)
-        current = self.lookup(model)
-        if current is not None and current.version == version:
-            return current, current
-        new = ServedAdapter(model, version, engine_name(model, version), package.model_dir)
-        return self._put(new)
+        with self._switching:
+            version, package = self.fetch(model, version)
+            current = self.lookup(model)
+            if current is not None and current.version == version:
+                return current, current
+            new = ServedAdapter(model, version, engine_name(model, version), package.model_dir)
+            return self._put(new)
 
     def pin(self, model: str, version: str) -> tuple[ServedAdapter | None, ServedAdapter]:
         """Serve `model` v`version` under `MODEL:VERSION` beside `model` itself (which keeps its version)."""
-        version, package = self.fetch(model, version)
-        current = self.lookup(pinned_name(model, version))
-        if current is not None:
-            return current, current
-        return self._put(ServedAdapter(model, version, engine_name(model, version), package.model_dir, pinned=True))
+        with self._switching:
+            version, package = self.fetch(model, version)
+            current = self.lookup(pinned_name(model, version))
+            if current is not None:
+                return current, current
+            return self._put(ServedAdapter(model, version, engine_name(model, version), package.model_dir,
+                                           pinned=True))
 
     def _put(self, new: ServedAdapter) -> tuple[ServedAdapter | None, ServedAdapter]:
         # The engine loads a version once: a pinned name and the adapter's own name may share it.

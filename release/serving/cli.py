@@ -55,10 +55,14 @@ def _project_dir(option: Path | None) -> Path:
 @click.option("--adapters", is_flag=True,
               help="serve the base's production LoRA adapters beside it (the 'model' field names one) and "
                    "accept /admin/adapters loads and unloads (with --api-key); docs/adapters.md")
+@click.option("--follow-interval", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+              help="with --adapters: read the registry this often and switch each adapter to its production version "
+                   "when that moves (promote --onto, rollback, approve); the server records itself in the registry "
+                   "for relctl status. 0: switch only by /admin requests")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
                   ready_file: Path | None, api_key: str | None, served_model_name: str | None,
-                  cached_only: bool, adapters: bool) -> None:
+                  cached_only: bool, adapters: bool, follow_interval: float) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
     in-flight requests."""
@@ -70,7 +74,7 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
           ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name,
-          cached_only=cached_only, adapters=adapters)
+          cached_only=cached_only, adapters=adapters, follow_interval=follow_interval)
 
 
 @click.group("serving")

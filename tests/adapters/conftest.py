@@ -86,7 +86,8 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         out[key] = relctl(project, "promote", run, "--onto", f"{BASE}@production", "--json")
         out["timings"][f"release {key}"] = round(time.monotonic() - started, 1)
     ready = root / "ready.json"
-    env = {**os.environ, "RELCTL_API_KEY": KEY}
+    # rollback --server sends RELCTL_ADMIN_KEY; this server's /admin takes its API key until a37-serving's own
+    env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": KEY}
     server = subprocess.Popen([RELCTL, "serve", f"{BASE}@production", "--adapters", "--port", "0", "--project-dir",
                                str(project), "--ready-file", str(ready)], env=env, stdout=subprocess.DEVNULL,
                               stderr=open(root / "serve.log", "wb"))
