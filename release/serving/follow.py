@@ -1,8 +1,8 @@
 """`relctl serve BASE --adapters` follows the registry: the running server is never behind it for long.
 
 A background thread reads the registry every `interval_s` (serve --follow-interval, default 10 s): the
-production alias of every adapter built for this base model (one tag search, then one alias read per
-adapter) and of every adapter it serves. When an adapter's production moved since the last read (promote
+production alias of every adapter with a version built for this base version (one tag search, then one alias
+read per adapter) and of every adapter it serves. When an adapter's production moved since the last read (promote
 --onto, rollback, approve, a passed canary), it switches to the new version through the adapter table (the
 same load-then-point-then-unload switch as POST /admin/adapters, verified the same way); a newly released
 adapter of this base is loaded the same way. It follows moves, not a state: an admin switch to another
@@ -107,7 +107,10 @@ class Follower:
         return done
 
     def _adapters(self) -> list[str]:
-        built = self.registry.models_tagged({T.KIND: ADAPTER_KIND, T.BASE_MODEL: self.base[0]})
+        # Adapters with a version built for this base version (one tag search): a new one released onto it,
+        # and those whose production moved on (to another base version too: held, said why).
+        built = self.registry.models_tagged({T.KIND: ADAPTER_KIND, T.BASE_MODEL: self.base[0],
+                                             T.BASE_VERSION: self.base[1]})
         served = {a.model for a in self.table.listing() if not a.pinned}
         return sorted(set(built) | served)
 
