@@ -44,6 +44,7 @@ from tests.adapters.test_base_match import BASE, adapter_version, base_version, 
 from tests.conftest import load_train_module
 
 SUPPORT = f"{BASE}-support"
+OLD = f"{BASE}-old"
 D1, D2 = "sha256:" + "11" * 32, "sha256:" + "22" * 32
 
 
@@ -84,13 +85,15 @@ def signed_adapter(project: Path, work: Path, checkpoint: Path, name: str, base:
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> dict[str, Any]:
     """tiny-llm v1 then v2 (production); the support adapter's v1 built for v1, v2 and v3 for v2 (production
-    v3, previous v2). Tests leave the aliases as they found them."""
+    v3, previous v2); an `old` adapter (tags only) whose production is built for v1. Tests leave the aliases as
+    they found them."""
     root = tmp_path_factory.mktemp("adapter-registry")
     project = root / "project"
     project.mkdir()
     checkpoint = tiny_run.checkpoint_dir
     versions = {"base1": base_version(project, D1)}
     versions["s1"] = signed_adapter(project, root, checkpoint, SUPPORT, versions["base1"], D1, 1.0)
+    adapter_version(project, OLD, versions["base1"], D1)
     versions["base2"] = base_version(project, D2)
     versions["s2"] = signed_adapter(project, root, checkpoint, SUPPORT, versions["base2"], D2, 2.0)
     versions["s3"] = signed_adapter(project, root, checkpoint, SUPPORT, versions["base2"], D2, 3.0)
@@ -223,62 +226,59 @@ def test_a_switch_that_fails_after_the_move_says_production_moved_and_how_to_und
     assert aliases(project)[PRODUCTION] == before[PRODUCTION]
 
 
-def test_a_base_promote_that_would_strand_adapters_is_refused(tiny_run: Any, project_dir: Path) -> None:
+def test_a_base_promote_that_would_strand_adapters_is_refused(tiny_run: Any, moved: dict[str, Any]) -> None:
     """promote of a new base version while production adapters are built for the current one: exit 2 naming
     them, before any stage; `--strand-adapters` or release.yaml's release.strand_adapters lets it go on (here
     it then stops at another contract problem, so nothing slow runs)."""
-    v1 = base_version(project_dir, D1)
-    adapter_version(project_dir, SUPPORT, v1, D1)
-    run_id = load_train_module().log_run(tiny_run, project_dir, experiment=BASE)
-    (project_dir / "release.yaml").write_text(f"model: {BASE}\n")
-    result = relctl(project_dir, "promote", run_id)
+    project, v = moved["project"], moved["v"]
+    run_id = load_train_module().log_run(tiny_run, project, experiment=BASE)
+    config = moved["root"] / "strand.yaml"
+    config.write_text(f"model: {BASE}\n")
+    result = relctl(project, "promote", run_id, "-c", str(config))
     assert result.exit_code == 2, result.output
-    assert f"stranding the production adapters built for it: {SUPPORT} v1" in result.stderr, result.stderr
+    assert f"stranding the production adapters built for it: {SUPPORT} v{v['s3']}" in result.stderr, result.stderr
     assert "--strand-adapters" in result.stderr and "✓" not in result.stderr  # no stage ran
-    checked = relctl(project_dir, "check", run_id, "--json")
+    assert OLD not in result.stderr  # built for v1: production left it already
+    checked = relctl(project, "check", run_id, "-c", str(config), "--json")
     assert any(SUPPORT in p["error"] for p in json.loads(checked.stdout)["problems"]), checked.output
     # Allowed by the flag or by release.yaml: the stranding problem goes, the other one (a missing prompts
     # file) stays and stops the release before anything slow.
-    (project_dir / "release.yaml").write_text(f"model: {BASE}\nvalidation:\n  prompts: missing.jsonl\n")
-    for args, config in ((["--strand-adapters"], None), ([], "release:\n  strand_adapters: true\n")):
-        if config:
-            (project_dir / "release.yaml").write_text(f"model: {BASE}\n{config}validation:\n  prompts: missing.jsonl\n")
-        allowed = relctl(project_dir, "promote", run_id, *args)
+    for args, rule in ((["--strand-adapters"], ""), ([], "release:\n  strand_adapters: true\n")):
+        config.write_text(f"model: {BASE}\n{rule}validation:\n  prompts: missing.jsonl\n")
+        allowed = relctl(project, "promote", run_id, "-c", str(config), *args)
         assert allowed.exit_code == 2 and "missing.jsonl" in allowed.stderr, allowed.output
         assert SUPPORT not in allowed.stderr, allowed.stderr
-    assert registry_of(project_dir).aliases(BASE)[PRODUCTION] == v1
+    assert aliases(project, BASE)[PRODUCTION] == v["base2"]
 
 
-def test_status_shows_base_and_adapters_both_ways_and_marks_stale_servers(project_dir: Path) -> None:
+def test_status_shows_base_and_adapters_both_ways_and_marks_stale_servers(moved: dict[str, Any]) -> None:
     """status BASE: the production adapters by the base version they were built for (one built for a version
     production left: stranded) and the servers recorded on the base, each with what it serves other than
     production; a server whose heartbeat stopped is STALE. status ADAPTER: the base its versions were built
     for and that base's production, and the servers serving it."""
-    v1 = base_version(project_dir, D1)
-    adapter_version(project_dir, SUPPORT, v1, D1)
-    v2 = base_version(project_dir, D2)
-    adapter_version(project_dir, f"{BASE}-other", v2, D2)
-    registry = registry_of(project_dir)
+    project, v = moved["project"], moved["v"]
+    v1, v2 = v["base1"], v["base2"]
     now = datetime.now(UTC)
     live = ServerRecord(id="h.1.aa", url="http://127.0.0.1:8001", host="h", pid=1, base_model=BASE, base_version=v1,
-                        adapters={SUPPORT: "1"}, started=now.isoformat(), last_seen=now.isoformat())
+                        adapters={OLD: "1"}, started=now.isoformat(), last_seen=now.isoformat())
     gone = ServerRecord(id="h.2.bb", url="http://127.0.0.1:8002", host="h", pid=2, base_model=BASE, base_version=v2,
-                        adapters={f"{BASE}-other": "1"}, started=(now - timedelta(hours=1)).isoformat(),
+                        adapters={SUPPORT: v["s3"]}, started=(now - timedelta(hours=1)).isoformat(),
                         last_seen=(now - timedelta(minutes=10)).isoformat())
+    registry = registry_of(project)
     for record in (live, gone):
         record_server(registry, record)
-    data = json.loads(relctl(project_dir, "status", BASE, "--json").stdout)
-    assert data["aliases"][PRODUCTION]["adapters"] == {f"{BASE}-other": "1"}
-    assert {(a["model"], a["base_version"]) for a in data["adapters"]} == {(SUPPORT, v1), (f"{BASE}-other", v2)}
+    data = json.loads(relctl(project, "status", BASE, "--json").stdout)
+    assert data["aliases"][PRODUCTION]["adapters"] == {SUPPORT: v["s3"]}
+    assert {(a["model"], a["base_version"]) for a in data["adapters"]} == {(SUPPORT, v2), (OLD, v1)}
     servers = {s["url"]: s for s in data["servers"]}
     assert servers[live.url]["stale"] is False and servers[gone.url]["stale"] is True
     assert servers[live.url]["differs"] == [f"runs {BASE} v{v1}; production is v{v2}"]
     assert servers[gone.url]["serves_production"] is True  # what it said before it went quiet
-    text = relctl(project_dir, "status", BASE).stdout
-    assert f"{BASE} v{v1} production adapters: {SUPPORT} v1 (stranded" in text
+    text = relctl(project, "status", BASE).stdout
+    assert f"{BASE} v{v1} production adapters: {OLD} v1 (stranded" in text
     assert f"server {gone.url}" in text and "STALE" in text.split(f"server {gone.url}")[1].splitlines()[0]
     assert f"not production: runs {BASE} v{v1}; production is v{v2}" in text
-    adapter = json.loads(relctl(project_dir, "status", SUPPORT, "--json").stdout)
+    adapter = json.loads(relctl(project, "status", OLD, "--json").stdout)
     assert adapter["adapter_of"] == {"model": BASE, "production": v2, "built_for": {PRODUCTION: v1}}
     assert [s["url"] for s in adapter["servers"]] == [live.url]
-    assert "no production base serves it" in relctl(project_dir, "status", SUPPORT).stdout
+    assert "no production base serves it" in relctl(project, "status", OLD).stdout
