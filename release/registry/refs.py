@@ -31,6 +31,11 @@ class ModelRef:
     def __str__(self) -> str:
         return f"{self.model}@{self.alias}" if self.alias else f"{self.model}/{self.version}"
 
+    @property
+    def name(self) -> str:
+        """The registered model (what release/serving/source.py's VersionRef called `name`)."""
+        return self.model
+
 
 @dataclass(frozen=True)
 class Spelling:

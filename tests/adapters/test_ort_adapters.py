@@ -49,7 +49,8 @@ KEY = "ort-adapter-key"
 READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
 
 
-ENV = {"RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": KEY}  # the server's /admin takes its API key until a37-serving
+ADMIN_KEY = KEY  # /admin takes the server's API key here; with its own admin key (--admin-key) a key of its own
+ENV = {"RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": ADMIN_KEY}
 FOLLOW_S = "1"  # the server reads the registry every second here (default 10)
 
 
@@ -60,7 +61,7 @@ def relctl(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def served(url: str) -> dict[str, str]:
     """What the server serves now: served name -> version."""
-    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).json()
     return {a["served_name"]: a["version"] for a in listing["adapters"]}
 
 

