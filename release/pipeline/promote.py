@@ -102,9 +102,13 @@ class Promotion:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
         (report/details.md of the release run, written by _log_report)."""
         add_links(self.registry, report)
-        if self.pipeline is not None:  # how often this release scored its fp32 reference, as the card says
-            report.reference_scoring = usage(cache_dir_of(self.pipeline.work_dir))
+        self._count_reference(report)
         return model_card(report, self._card_sections(report))
+
+    def _count_reference(self, report: ReleaseReport) -> None:
+        """How often this release scored its fp32 reference (and reused it): the reference cache's log."""
+        if self.pipeline is not None:
+            report.reference_scoring = usage(cache_dir_of(self.pipeline.work_dir))
 
     @staticmethod
     def _card_sections(report: ReleaseReport) -> list[str]:
@@ -489,6 +493,7 @@ class Promotion:
             exc.hint = note
 
     def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
+        self._count_reference(report)
         if self.pipeline is not None:
             report.stages = {n: {"seconds": round(d.seconds, 3), "resumed": d.resumed}
                              for n, d in self.pipeline.done.items()}
