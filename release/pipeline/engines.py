@@ -227,7 +227,8 @@ def choose(comparison: Comparison) -> EngineRow:
     comparison.chosen = chosen
     ties = [r.label for r in eligible if r is not chosen and tied(r, chosen)]
     by = "paired quality, then memory per replica" if chosen.quality is not None else "memory per replica"
-    broken = f" (a tie with {', '.join(ties)}: broken by {by})" if ties else ""
+    named = ", ".join(ties) if len(ties) <= 2 else f"{len(ties)} others (each row says why)"
+    broken = f" (a tie with {named}: broken by {by})" if ties else ""
     quality = f", paired quality {chosen.quality:+.4f}" if chosen.quality is not None else ""
     capped_line = capped_note(eligible, swept=bool(comparison.plan.get("sweep")))
     comparison.why = [f"chosen: {chosen.label}, the cheapest that met quality and the SLOs and that no other "
