@@ -65,9 +65,12 @@ def frontier_section(search: dict[str, Any] | None) -> list[str]:
     lines += ["", *sensitivity_lines(search.get("sensitivity"))]
     cost = search.get("cost") or {}
     if cost.get("ratio") is not None:
-        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['parts_s']:.1f} s of builds "
-                     f"(with their validations) and evals ({cost['ratio']:.2f}x; the load tests took "
-                     f"{cost.get('load_tests_s', 0):.1f} s of it)")
+        every = cost.get("ratio_with_load_tests")
+        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['builds_s']:.1f} s of builds (with "
+                     f"their validations), {cost['evals_s']:.1f} s of evals (the reference scored once among them) "
+                     f"and {cost.get('load_tests_s', 0):.1f} s of load tests: "
+                     + (f"{every:.2f}x their sum, " if every is not None else "")
+                     + f"{cost['ratio']:.2f}x the builds and evals alone")
     return [*lines, ""]
 
 
