@@ -132,10 +132,11 @@ def _sort_memory(row: Ranked) -> float:
 
 
 def why_not(row: Ranked, chosen: Ranked, rows: Sequence[Ranked]) -> str:
-    """Why `row` (a passing row) was not taken over `chosen`: dominated, a lost tie, or dearer."""
+    """Why `row` (a passing row) was not taken over `chosen`: dominated on cost and paired quality, a lost tie,
+    or dearer (rows without a paired quality, an engines comparison's, are dearer or tied, never dominated)."""
     price, best = f"${cost(row):.4g}", f"${cost(chosen):.4g}"
     dominator = chosen if dominates(chosen, row) else next((o for o in rows if dominates(o, row)), None)
-    if dominator is not None:
+    if dominator is not None and dominator.quality is not None and row.quality is not None:
         other = f"${cost(dominator):.4g}"
         if tied(dominator, row):
             return (f"tie with {dominator.label} on cost ({price} vs {other}, {why_tied(row, dominator)}); "

@@ -90,3 +90,12 @@ def test_a_fixed_rate_load_test_says_how_to_rank_by_capacity() -> None:
         r.noise = None  # one fixed rate: no repeat measurement
     _, comparison = chosen_of(rows, sweep=False)
     assert "set gates.load.sweep: true" in comparison.why[0]
+
+
+def test_rows_without_a_paired_quality_rank_on_cost_as_an_engines_comparison_does() -> None:
+    # convert.backend: auto without precision: auto: no paired eval; the dearer row is "dearer", as before.
+    rows = [row("fp32", 4.0, None, 40, capped=False), row("fp16", 2.0, None, 20, capped=False)]
+    chosen, comparison = chosen_of(rows)
+    assert chosen.precision == "fp16"
+    assert rows[0].rejected is not None and rows[0].rejected.startswith("dearer: $4")
+    assert comparison.why[1].startswith(f"not {ENGINE} fp32: dearer")
