@@ -116,7 +116,7 @@ def gates_html(results: Sequence[GateResult], heading: str = "h2") -> str:
         paired = paired_rows(result)
         if paired:
             parts.append(_table(PAIRED_HEADER, paired))
-        parts.append(details_html(result.details, sub))
+        parts.append(details_html(result.details))
         parts.append(_examples(result, sub))
         if result.evidence:
             parts.append("<p>Evidence (release run artifacts): " + ", ".join(
@@ -157,14 +157,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def details_html(details: Mapping[str, Any], heading: str = "h3") -> str:
+def details_html(details: Mapping[str, Any]) -> str:
     """Every detail a gate reported that its section does not already show, as nested tables: what a plug-in
     gate (or a new figure, e.g. a harness task's candidate and production scores) puts there is shown without
     this page knowing it. Lists are cut at MAX_DETAIL_ITEMS, text at MAX_CELL."""
-    shown = {k: v for k, v in details.items() if k not in SHOWN_DETAILS and v not in (None, "", [], {})}
+    shown = {k: v for k, v in details.items() if k not in SHOWN_DETAILS and not _nothing(v)}
     if not shown:
         return ""
     return f"<details><summary>Details ({len(shown)})</summary>{_value_html(shown, 0)}</details>"
+
+
+def _nothing(value: Any) -> bool:
+    return value is None or (isinstance(value, str | list | tuple | Mapping) and len(value) == 0)
 
 
 def _value_html(value: Any, depth: int) -> str:

@@ -513,7 +513,6 @@ class Promotion:
         run.log_metrics(self._unrecorded(report))
         run.set_tags({T.OUTCOME: report.outcome})
 
-
     def _say_where(self, run: ReleaseRun, report: ReleaseReport) -> None:
         """Where the release report is: its MLflow UI link, and the file when the artifact store is local."""
         link = report.links.get(REPORT_LINK)
