@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
@@ -39,6 +38,15 @@ from gates.eval_paired import (
     write_paired,
     write_samples,
 )
+from gates.eval_scoring import (
+    BatchScoring,
+    fits_batched,
+    forced_ids,
+    rows_from_json,
+    rows_to_json,
+    score_batched,
+    target_scores,
+)
 from gates.harness.config import HarnessTask, task_problems
 from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
@@ -47,10 +55,13 @@ from gates.precision_eval import PairedJudge
 from gates.thresholds import MetricThreshold, check_metric
 from release.backends.base import LoadedModel
 from release.core.errors import ConfigError, InputError
+from release.gating.reference import ReferenceModel
 
 EVIDENCE_FILE = "eval-predictions.jsonl"
 MAX_EXAMPLES = 20
 SHA_TAG = "gate.eval.dataset_sha256"
+REFERENCE_ROWS = "eval-reference-rows"   # what the release's reference cache keeps for this gate
+SCORING_VERSION = 1                      # bump when score_rows would score the same rows differently
 
 
 class EvalConfig(BaseModel):
@@ -148,9 +159,11 @@ class EvalGate:
         # The gate's own metrics (a harness task's margins compare the served candidate with production by the
         # harness's sample ids, not a variant with the reference).
         margins = {m: v for m, v in self.config.margins.items() if m in self.config.metrics}
-        needs = _needs_logits(resolve_metrics(list(margins)))
-        return PairedJudge(load_eval_set(path, self.config.expectations).rows, margins,
-                           lambda model, rows: score_rows(model, rows, self.config, needs), reference,
+        # Scored as the gate itself scores (every metric's needs): the gate then reuses the reference's rows.
+        needs = _needs_logits(resolve_metrics(self.config.metrics))
+        data = load_eval_set(path, self.config.expectations)
+        return PairedJudge(data.rows, margins, lambda model, rows: score_rows(model, rows, self.config, needs),
+                           lambda: reference_rows(reference, data, self.config, needs, "precision: auto"),
                            confidence=self.config.confidence)
 
     def run(self, context: GateContext) -> GateResult:
@@ -240,8 +253,8 @@ class EvalGate:
             if context.load_reference is None:
                 notes.append("no fp32 reference in this run: paired comparison with the reference skipped")
             else:
-                baselines.append(Side("reference", "fp32 reference",
-                                      score_rows(context.load_reference(), data.rows, self.config, needs)))
+                scored, _ = reference_rows(context.load_reference, data, self.config, needs, "eval gate")
+                baselines.append(Side("reference", "fp32 reference", scored))
         candidate = Side("candidate", "candidate", rows)
         comparisons = compare_sides(metrics, self.config.margins, data.rows, candidate, baselines,
                                     self.config.confidence)
@@ -280,7 +293,10 @@ class EvalGate:
 
 def score_rows(model: LoadedModel, rows: tuple[EvalRow, ...], config: EvalConfig,
                needs_logits: bool) -> list[ScoredRow]:
-    """Generate for every row, and score the expected tokens under teacher forcing when asked."""
+    """Generate for every row, and score the expected tokens under teacher forcing when asked: a batch of rows
+    per forward on a model that batches (the PyTorch reference, gates/eval_scoring.py), else row by row."""
+    if isinstance(model, BatchScoring) and fits_batched(model, rows, config.max_new_tokens, config.separator):
+        return score_batched(model, model, rows, config.max_new_tokens, config.separator, needs_logits)
     scored: list[ScoredRow] = []
     for row in rows:
         output = complete(model, row.prompt, config.max_new_tokens)
@@ -289,21 +305,25 @@ def score_rows(model: LoadedModel, rows: tuple[EvalRow, ...], config: EvalConfig
     return scored
 
 
+def reference_rows(reference: Callable[[], LoadedModel], data: EvalSet, config: EvalConfig,
+                   needs_logits: bool, by: str) -> tuple[list[ScoredRow], bool]:
+    """(rows, reused): the fp32 reference's scored rows of this eval set. A release's reference
+    (release/gating/reference.py) scores them once, kept by its content digest with the eval set's digest and
+    these scoring settings, so `precision: auto`'s paired eval and this gate share one scoring."""
+    if not isinstance(reference, ReferenceModel):
+        return score_rows(reference(), data.rows, config, needs_logits), False
+    settings = {"eval_set_sha256": data.sha256, "max_new_tokens": config.max_new_tokens,
+                "separator": config.separator, "needs_logits": needs_logits, "scoring": SCORING_VERSION}
+    value, reused = reference.computed(
+        REFERENCE_ROWS, settings, lambda model: rows_to_json(score_rows(model, data.rows, config, needs_logits)), by)
+    return rows_from_json(value), reused
+
+
 def _teacher_forced(model: LoadedModel, row: EvalRow,
                     separator: str) -> tuple[tuple[float, ...], tuple[bool, ...]]:
     """Log-probability and argmax hit of each target token (the answer's tokens, then EOS)."""
-    prompt_ids = model.encode(row.prompt)
-    full_ids = model.encode(row.prompt + separator + row.expected) + model.eos_token_ids[:1]
-    # Targets start where the tokenizations diverge, so a merge across the boundary cannot shift them.
-    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids, strict=False)) if a != b), len(prompt_ids))
-    start = max(start, 1)
-    logits = model.logits(full_ids[:-1])[start - 1:]
-    targets = np.asarray(full_ids[start:])
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    picked = log_probs[np.arange(len(targets)), targets]
-    hits = logits.argmax(axis=1) == targets
-    return tuple(float(v) for v in picked), tuple(bool(h) for h in hits)
+    full_ids, start = forced_ids(model, row.prompt, row.expected, separator)
+    return target_scores(model.logits(full_ids[:-1])[start - 1:], full_ids[start:])
 
 
 def _production_label(production: ProductionRef) -> str:

@@ -52,25 +52,33 @@ def sample_scores(metric: Metric, rows: tuple[EvalRow, ...], scored: Sequence[Sc
 
 
 class PairedJudge:
-    """Scores the reference once; `judge(package_dir)` scores a variant and tests it metric by metric."""
+    """Scores the reference once; `judge(package_dir)` scores a variant and tests it metric by metric.
+
+    `reference` gives the reference's scored rows and whether they were reused (the release's reference cache:
+    scored once per release, shared with the eval gate)."""
 
     def __init__(self, rows: tuple[EvalRow, ...], margins: dict[str, float], score: Scorer,
-                 reference: Callable[[], LoadedModel], confidence: float = 0.95, seed: int = 0) -> None:
+                 reference: Callable[[], tuple[list[ScoredRow], bool]], confidence: float = 0.95,
+                 seed: int = 0) -> None:
         self.rows, self.margins, self.score, self.seed = rows, dict(margins), score, seed
         self.confidence = confidence
         self.metrics = {m.name: m for m in resolve_metrics(list(margins), "gates.eval.margins")}
-        self._load_reference = reference
+        self._reference_rows = reference
         self._reference: dict[str, SampleScores] | None = None
+        self.reference_reused: bool | None = None   # None until scored; True when the cache had it
         self.seconds: dict[str, float] = {}
 
-    def _scores(self, model: LoadedModel) -> dict[str, SampleScores]:
-        scored = self.score(model, self.rows)
+    def _by_metric(self, scored: Sequence[ScoredRow]) -> dict[str, SampleScores]:
         return {name: sample_scores(metric, self.rows, scored) for name, metric in self.metrics.items()}
+
+    def _scores(self, model: LoadedModel) -> dict[str, SampleScores]:
+        return self._by_metric(self.score(model, self.rows))
 
     def reference_scores(self) -> dict[str, SampleScores]:
         if self._reference is None:
             started = time.perf_counter()
-            self._reference = self._scores(self._load_reference())
+            scored, self.reference_reused = self._reference_rows()
+            self._reference = self._by_metric(scored)
             self.seconds["reference"] = time.perf_counter() - started
         return self._reference
 

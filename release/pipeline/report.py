@@ -16,6 +16,8 @@ from release.registry import tags as T
 RELEASE_RUN_LINK, TRAINING_RUN_LINK, VERSION_LINK = "release run", "training run", "version"
 REPLACED, COMPARED = "production it replaced", "production it was compared with"
 PLOT_LINK = "plot: "
+REPORT_LINK = "the release report (report.html)"
+REPORT_ARTIFACT = "report/report.html"
 METRICS_LINK = "every number (the version's logged model)"
 
 
@@ -49,6 +51,9 @@ class ReleaseReport:
     engines: dict[str, Any] | None = None
     # The engine that builds and serves the release: {"backend", "precision", "why"} (auto's choice named).
     engine: dict[str, Any] | None = None
+    # The fp32 reference's scorings on the eval set and their reuses (release/gating/reference.py's `usage`):
+    # {"scorings", "reused", "seconds", "uses"}; scored once per release.
+    reference_scoring: dict[str, Any] | None = None
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -108,17 +113,21 @@ def _engine_name(report: ReleaseReport) -> str:
     return found.display_name or backend if found is not None else backend
 
 
-def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
+def model_card(report: ReleaseReport, extra_sections: list[str] | None = None, plot_links: bool = True) -> str:
     """Markdown shown as the registered version's description in the MLflow UI: the verdict and the few
     figures that decide it (validation, each gate's deciding numbers, memory fit, cost), one line per extra
-    section, then the plots, lineage and links. Every other figure is in the details artifact it links."""
+    section, then the plots, lineage and links. Every other figure is in the details artifact it links.
+    `plot_links` False: no list of the plots (report.html shows them inline instead)."""
     links = report.links
     backend = (report.engine or {}).get("backend") or report.package.get("backend")
     title = f"# {report.model} — {backend} {report.precision}" if backend else f"# {report.model} — {report.precision}"
     lines = [title, "",
-             f"**{VERDICT.get(report.outcome, report.outcome)}**: {_verdict(report)}{_against(report)}", "",
+             f"**{VERDICT.get(report.outcome, report.outcome)}**: {verdict_sentence(report)}{_against(report)}", "",
              *([engine_line(report), ""] if engine_line(report) else []), _provenance(report), ""]
     lines += decision_table(report)
+    scoring = reference_line(report)
+    if scoring:
+        lines += [scoring, ""]
     for section in extra_sections or []:
         lines += [section, ""]
     details = _link(DETAILS_ARTIFACT, links.get(DETAILS_LINK))
@@ -130,7 +139,7 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         lines += ["## Why it was blocked", *(f"- {markdown(f)}" for f in report.failures), ""]
     if report.notes:
         lines += ["## Notes", *(f"- {markdown(n)}" for n in report.notes), ""]
-    if report.plots:
+    if report.plots and plot_links:
         lines += ["## Plots", *(f"- {_link(title, links.get(PLOT_LINK + title), code=False)}"
                                 f" (release run artifact `{path}`)" for title, path in report.plots.items()), ""]
     lines += lineage_section(report)
@@ -140,7 +149,19 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
     return "\n".join(lines)
 
 
-def _verdict(report: ReleaseReport) -> str:
+def reference_line(report: ReleaseReport) -> str:
+    """How often this release scored the fp32 reference on the eval set, and who reused it (the count the
+    reference cache logged, release/gating/reference.py); "" when nothing used it."""
+    found = report.reference_scoring
+    if not found:
+        return ""
+    times = "once" if found["scorings"] == 1 else f"{found['scorings']} times"
+    reused = [u["by"] for u in found.get("uses", []) if not u.get("scored")]
+    by = f"; reused by {', '.join(dict.fromkeys(reused))} ({len(reused)}x)" if reused else ""
+    return f"fp32 reference scored on the eval set {times} in this release ({found['seconds']:.1f} s){by}."
+
+
+def verdict_sentence(report: ReleaseReport) -> str:
     version = f"v{report.version}" if report.version else "nothing registered"
     return {"released": f"{version} passed validation and every gate.",
             "re-gated": f"{version} already served this package; the gates ran again and are recorded on it.",

@@ -172,8 +172,9 @@ class OnnxruntimeGenaiBackend(Backend):
     def plot_plan(self, plan: EnginePlan, out: Path) -> Path:
         from release.backends.onnxruntime_genai.plot import plot_plan  # noqa: PLC0415 - loads matplotlib
 
-        overlap = plan.native.breakdown.overlap if plan.target.rollout_overlap else None
-        return plot_plan(plan.native, out, overlap)
+        # The curve re-plans the replica being replaced as the plan did (its bytes, or one like this re-sized
+        # with each concurrency), so it crosses the budget at the plan's own largest concurrency.
+        return plot_plan(plan.native, out, plan.native.overlap_bytes)
 
     def plan_lines(self, plan: EnginePlan) -> list[str]:
         from release.backends.onnxruntime_genai.verdict import plan_lines  # noqa: PLC0415
