@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from gates.base import Problem
 from gates.eval_data import EvalRow
-from gates.metrics import Metric, ScoredRow, per_sample
+from gates.metrics import Metric, ScoredRow, per_sample, sample_bounds
 from gates.paired import PairedResult, compare
 from gates.samples import SampleScores
 from release.core.errors import InputError
@@ -96,7 +96,7 @@ def sample_scores(metric: Metric, data: Sequence[EvalRow], rows: Sequence[Scored
         raise ValueError(f"{metric.name} has no per-sample score")
     score = metric.score_sample  # type: ignore[attr-defined]
     return SampleScores(metric.name, kind, metric.greater_is_better, tuple(str(r.line) for r in data),
-                        tuple(float(score(s)) for s in rows))
+                        tuple(float(score(s)) for s in rows), sample_bounds(metric))
 
 
 def compare_sides(metrics: Sequence[Metric], margins: Mapping[str, float], data: Sequence[EvalRow],

@@ -52,7 +52,8 @@ def paired_rows(result: GateResult) -> list[list[str]]:
         outcome = str(c["outcome"]).replace("_", "-")
         outcome = outcome if c["outcome"] == "non_inferior" else outcome.upper()  # as a failed check reads FAIL
         if c["outcome"] == "underpowered":
-            outcome += f" (needs about {c['needed_n']} samples)" if c.get("needed_n") else " (cannot decide)"
+            outcome += f" (needs about {c['needed_n']} samples for {c.get('power', 0.8):.0%} power)" \
+                if c.get("needed_n") else " (cannot decide)"
         rows.append([str(c["metric"]), str(c["against"]), str(c["n"]), f"{c['difference']:+.4f}",
                      f"[{low:+.4f}, {high:+.4f}] at {c.get('confidence', 0.95):.0%}", f"{c['margin']:g}", outcome])
     return rows

@@ -218,7 +218,7 @@ def paired_figures(comparisons: list[dict[str, Any]]) -> str:
         low, high = c["interval"]
         outcome = str(c["outcome"]).replace("_", "-")
         if c["outcome"] == "underpowered" and c.get("needed_n"):
-            outcome += f", needs about {c['needed_n']} samples"
+            outcome += f", needs about {c['needed_n']} samples for {c.get('power', 0.8):.0%} power"
         shown.append(markdown(f"{c['metric']} vs {c['against']}: {c['difference']:+.3g} "
                               f"[{low:+.3g}, {high:+.3g}], n={c['n']}, margin {c['margin']:g}")
                      + ("" if c["outcome"] == "non_inferior" else f" (**{outcome}**)"))
