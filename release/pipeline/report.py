@@ -177,7 +177,7 @@ def decision_table(report: ReleaseReport) -> list[str]:
     if report.validation:
         checks = report.validation.get("checks", [])
         rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
-                     _figures(checks)))
+                     _figures(checks) + tie_note(report.validation.get("metrics") or {})))
     for gate in report.gates:
         paired = paired_figures((gate.get("details") or {}).get("paired") or [])
         figures = "; ".join(f for f in (paired, _figures(gate.get("thresholds") or [])) if f) or \
@@ -194,6 +194,15 @@ def decision_table(report: ReleaseReport) -> list[str]:
         return []
     return ["## What decided it", "| check | result | deciding figures |", "|---|---|---|",
             *(f"| {what} | {status} | {figures} |" for what, status, figures in rows), ""]
+
+
+def tie_note(metrics: dict[str, Any]) -> str:
+    """What validation's top-1 agreement counted (release/stages/top1.py): tie-aware, beside the raw figure."""
+    if not _is_number(metrics.get("top1_agreement_raw")):
+        return ""
+    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: "
+            f"{_sig(int(metrics.get('top1_near_ties', 0)))} near-ties and "
+            f"{_sig(int(metrics.get('top1_repeated_prefixes', 0)))} repeated prefixes not counted)")
 
 
 def _status(passed: bool) -> str:
