@@ -200,9 +200,9 @@ def tie_note(metrics: dict[str, Any]) -> str:
     """What validation's top-1 agreement counted (release/stages/top1.py): tie-aware, beside the raw figure."""
     if not _is_number(metrics.get("top1_agreement_raw")):
         return ""
-    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: "
-            f"{_sig(int(metrics.get('top1_near_ties', 0)))} near-ties and "
-            f"{_sig(int(metrics.get('top1_repeated_prefixes', 0)))} repeated prefixes not counted)")
+    ties = int(metrics.get("top1_near_ties", 0))
+    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: {ties} near-tie{'' if ties == 1 else 's'}"
+            f" and {int(metrics.get('top1_repeated_prefixes', 0))} repeated prefixes not counted)")
 
 
 def _status(passed: bool) -> str:

@@ -39,3 +39,16 @@ def test_nothing_decisive_is_nan_never_a_pass() -> None:
     tied = reference([0, 1, 2], [(1, -0.69, -0.70)] * 3)
     found = top1_agreement([tied], [np.array([1, 2, 3])], near_tie_nats=0.05)
     assert found.counted == 0 and math.isnan(found.tie_aware) and not found.tie_aware >= 0.9
+
+
+def test_the_card_says_top1_is_tie_aware_beside_the_raw_figure() -> None:
+    from release.pipeline.report import ReleaseReport, decision_table
+
+    validation = {"passed": True,
+                  "checks": [{"metric": "top1_agreement", "value": 1.0, "op": ">=", "bound": 0.95, "passed": True}],
+                  "metrics": {"top1_agreement": 1.0, "top1_agreement_raw": 0.917, "top1_near_ties": 1.0,
+                              "top1_repeated_prefixes": 92.0}}
+    report = ReleaseReport(model="m", training_run="r", release_run=None, precision="int8", validation=validation)
+    row = next(line for line in decision_table(report) if line.startswith("| validation vs fp32"))
+    assert "top1_agreement 1 >= 0.95" in row
+    assert "top-1 is tie-aware (raw 0.917: 1 near-tie and 92 repeated prefixes not counted)" in row
