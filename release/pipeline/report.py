@@ -201,8 +201,9 @@ def tie_note(metrics: dict[str, Any]) -> str:
     if not _is_number(metrics.get("top1_agreement_raw")):
         return ""
     ties = int(metrics.get("top1_near_ties", 0))
-    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: {ties} near-tie{'' if ties == 1 else 's'}"
-            f" and {int(metrics.get('top1_repeated_prefixes', 0))} repeated prefixes not counted)")
+    plural = "" if ties == 1 else "s"
+    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: {ties} near-tie{plural} and "
+            f"{int(metrics.get('top1_repeated_prefixes', 0))} repeated prefixes not counted)")
 
 
 def _status(passed: bool) -> str:
