@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
-from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set, separator_warning
 from gates.eval_paired import (
     BASELINES,
     PAIRED_FILE,
@@ -39,7 +39,7 @@ from gates.eval_paired import (
     write_paired,
     write_samples,
 )
-from gates.harness.config import HarnessTask, task_problems
+from gates.harness.config import HarnessTask, resolve_path, task_problems
 from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -62,7 +62,9 @@ class EvalConfig(BaseModel):
     metrics: list[str] = Field(default_factory=lambda: ["exact_match", "token_accuracy", "perplexity"])
     thresholds: dict[str, MetricThreshold] = Field(default_factory=dict)
     max_new_tokens: int = Field(default=16, ge=1, le=1024)
-    separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
+    separator: str = Field(default=" ", description="token accuracy and perplexity score prompt + separator + "
+                           "expected: the text between them in the model's format; '' when each expected already "
+                           "starts with its own (a model continuation such as ' 42')")
     expectations: DataRules = DataRules()
     # --- paired comparison (issue 29 step 3; gates/eval_paired.py) ---
     margins: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
@@ -133,6 +135,14 @@ class EvalGate:
                                     "bound at least one metric, e.g. thresholds: {exact_match: {threshold: 0.8}}, "
                                     "or remove the gates.eval block"))
         return problems
+
+    def warnings(self, config_dir: Path | None, eval_dataset: Path | None) -> list[str]:
+        """Expected strings that start with whitespace while the separator adds its own (gates/eval_data.py)."""
+        path = resolve_path(self.config.dataset, config_dir) if self.config.dataset else eval_dataset
+        if path is None or not _needs_logits(resolve_metrics(self.config.metrics)):
+            return []  # exact match strips both sides: only the teacher-forced metrics read the separator
+        found = separator_warning(path, self.config.separator)
+        return [found] if found else []
 
     def _margin_problems(self) -> list[Problem]:
         return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics),

@@ -76,7 +76,7 @@ def exact_power(shares: np.ndarray, size: int, margin: float, non_inferior: bool
                  + a * logs[0] + b * logs[1] + c * logs[2] + d * logs[3])
         low, high = _newcombe(a + 0 * c, np.full(log_p.shape, b), c + 0 * a, d)
         decided = low > -margin if non_inferior else high < -margin
-        total += float(np.sum(np.where(possible & decided, np.exp(log_p), 0.0)))
+        total += float(np.sum(np.exp(np.where(possible & decided, log_p, -np.inf))))
     return total
 
 
