@@ -32,10 +32,12 @@ from gates.eval_paired import (
     Comparison,
     Side,
     compare_sides,
+    describe_scores,
     harness_comparisons,
     harness_of,
     margin_problems,
     paired_status,
+    with_verdicts,
     write_paired,
     write_samples,
 )
@@ -196,7 +198,10 @@ class EvalGate:
             write_paired(context.work_dir / PAIRED_FILE, comparisons)
             paired_evidence.append(context.work_dir / PAIRED_FILE)
         # --- end paired comparison ---
+        scores = with_verdicts(harness.task_scores(), comparisons) if harness is not None else []
         status, reason = self._verdict(checks, skipped, comparisons, len(rows))
+        line = describe_scores(scores)  # each task's own score beside the paired verdict
+        reason = f"{reason}; {line}" if line else reason
         return GateResult(
             gate=self.id, status=status,
             reason=reason, metrics=values, thresholds=checks,
@@ -206,7 +211,7 @@ class EvalGate:
                      "production_metrics": production, "production_source": source,
                      "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
                      "paired": [c.as_dict() for c in comparisons],
-                     "harness": harness.record() if harness else None},
+                     "harness": harness.record() if harness else None, "harness_scores": scores},
         )
 
     def _verdict(self, checks: list[ThresholdCheck], skipped: list[str], comparisons: list[Comparison],

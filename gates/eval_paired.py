@@ -145,6 +145,38 @@ def harness_comparisons(margins: Mapping[str, float], candidate: Sequence[Sample
     return out, notes
 
 
+def with_verdicts(scores: Sequence[dict[str, Any]], comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """Harness task scores (gates/harness/results.py: task_scores) with their paired verdict where a margin
+    compared them: `paired` = {against, outcome, difference, interval, margin, needed_n}, else None."""
+    by_metric = {c.result.metric: c for c in comparisons}
+    out = []
+    for entry in scores:
+        found = by_metric.get(entry["name"])
+        verdict = None if found is None else {
+            "against": found.against, "outcome": found.result.outcome, "difference": found.result.difference,
+            "interval": list(found.result.interval), "margin": found.result.margin, "needed_n": found.result.needed_n}
+        out.append({**entry, "paired": verdict})
+    return out
+
+
+def describe_scores(scores: Sequence[dict[str, Any]]) -> str | None:
+    """One line: each task's own metrics, candidate beside production, e.g. `lm-eval reverse_mc: acc 0.750
+    (production 0.667; paired: non-inferior)`; None when no harness task ran."""
+    tasks: dict[tuple[str, str], list[str]] = {}
+    for entry in scores:
+        if not entry["own"]:
+            continue
+        figure = f"{entry['metric']} {entry['candidate']:.3f}"
+        notes = [] if entry["production"] is None else [f"production {entry['production']:.3f}"]
+        if entry.get("paired"):
+            notes.append(f"paired: {entry['paired']['outcome'].replace('_', '-')}")
+        tasks.setdefault((entry["harness"], entry["task"]), []).append(
+            figure + (f" ({'; '.join(notes)})" if notes else ""))
+    if not tasks:
+        return None
+    return "; ".join(f"{harness} {task}: {', '.join(figures)}" for (harness, task), figures in tasks.items())
+
+
 def write_samples(path: Path, metrics: Sequence[Metric], data: Sequence[EvalRow], sides: Sequence[Side]) -> None:
     """One line per eval row: its id, prompt and expected answer, and per side the output and each
     per-sample value; the evidence a reader can recompute every comparison from."""

@@ -179,8 +179,10 @@ def decision_table(report: ReleaseReport) -> list[str]:
         rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
                      _figures(checks) + tie_note(report.validation.get("metrics") or {})))
     for gate in report.gates:
-        paired = paired_figures((gate.get("details") or {}).get("paired") or [])
-        figures = "; ".join(f for f in (paired, _figures(gate.get("thresholds") or [])) if f) or \
+        details = gate.get("details") or {}
+        paired = paired_figures(details.get("paired") or [])
+        tasks = harness_figures(details.get("harness_scores") or [])
+        figures = "; ".join(f for f in (paired, tasks, _figures(gate.get("thresholds") or [])) if f) or \
             _clip(gate.get("reason", ""))
         rows.append((f"gate `{gate['gate']}`", str(gate["status"]), figures))
     fit = memory_fit(report)
@@ -233,6 +235,17 @@ def paired_figures(comparisons: list[dict[str, Any]]) -> str:
                               f"[{low:+.3g}, {high:+.3g}], n={c['n']}, margin {c['margin']:g}")
                      + ("" if c["outcome"] == "non_inferior" else f" (**{outcome}**)"))
     more = len(ordered) - len(shown)
+    return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
+
+
+def harness_figures(scores: list[dict[str, Any]]) -> str:
+    """Each harness task's own score, candidate beside production (a gate's details["harness_scores"],
+    gates/harness/results.py), at most MAX_FIGURES."""
+    own = [s for s in scores if s.get("own", True)]
+    shown = [markdown(f"{s['task']} {s['metric']} {_sig(s['candidate'])}"
+                      + ("" if s.get("production") is None else f" (production {_sig(s['production'])})"))
+             for s in own[:MAX_FIGURES]]
+    more = len(own) - len(shown)
     return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
 
 
