@@ -1,41 +1,28 @@
-"""The eval gate's separator is explicit: `relctl check` warns when expected strings already start with
-whitespace (a model continuation carries its own separator, and the gate adds gates.eval.separator)."""
+"""The eval gate's separator is explicit: `relctl check` and promote warn when expected strings already start
+with whitespace (a model continuation carries its own separator, and the gate adds gates.eval.separator)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import mlflow
-from click.testing import CliRunner
-
-from release.cli import cli
 from release.gating.contract import data_warnings
 from release.gating.plugins import load_gates
-from release.registry.store import connect, ensure_experiment, resolve_store
 
 ROWS = [{"prompt": "reverse a b ->", "expected": " b a"}, {"prompt": "reverse c d ->", "expected": " d c"},
         {"prompt": "reverse e f ->", "expected": "f e"}]
 
 
-def test_check_warns_when_expected_strings_carry_their_own_separator(project_dir: Path, tiny_checkpoint: Path,
-                                                                     tmp_path: Path) -> None:
-    store = resolve_store(project_dir)
-    connect(store)
+def test_the_warning_names_the_count_an_example_line_and_the_fix(tmp_path: Path) -> None:
+    """`relctl check` and promote print it (tests/cli/test_contract_warnings.py runs both)."""
     eval_set = tmp_path / "eval.jsonl"
     eval_set.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    with mlflow.start_run(experiment_id=ensure_experiment(store, "separator")) as run:
-        mlflow.log_artifacts(str(tiny_checkpoint), "checkpoint")
-        mlflow.log_text('{"prompt": "reverse a b c d ->"}\n', "validation/prompts.jsonl")
-        mlflow.log_artifact(str(eval_set), "data")
-    (project_dir / "release.yaml").write_text("gates:\n  eval:\n    metrics: [exact_match, token_accuracy]\n"
-                                              "    thresholds: {exact_match: {threshold: 0.5}}\n")
-    done = CliRunner().invoke(cli, ["--project-dir", str(project_dir), "check", run.info.run_id])
-    assert done.exit_code == 0, done.output + done.stderr
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: gates.eval")]
-    assert len(warnings) == 1, done.stderr
-    assert "2 of 3 expected strings in eval.jsonl start with whitespace" in warnings[0]
-    assert "prompt + separator ' ' + expected" in warnings[0] and "set gates.eval.separator: ''" in warnings[0]
+    (gate,) = load_gates({"eval": {"metrics": ["exact_match", "token_accuracy"],
+                                   "thresholds": {"exact_match": {"threshold": 0.5}}}})
+    (warning,) = data_warnings(gate, None, eval_set)
+    assert warning.startswith("gates.eval: 2 of 3 expected strings in eval.jsonl start with whitespace "
+                              "(line 1: ' b a')")
+    assert "prompt + separator ' ' + expected" in warning and "set gates.eval.separator: ''" in warning
 
 
 def test_the_fix_silences_it_and_exact_match_alone_never_reads_the_separator(tmp_path: Path) -> None:
