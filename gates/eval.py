@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
-from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set, separator_warning
 from gates.eval_paired import (
     BASELINES,
     PAIRED_FILE,
@@ -31,10 +31,12 @@ from gates.eval_paired import (
     Comparison,
     Side,
     compare_sides,
+    describe_scores,
     harness_comparisons,
     harness_of,
     margin_problems,
     paired_status,
+    with_verdicts,
     write_paired,
     write_samples,
 )
@@ -47,7 +49,7 @@ from gates.eval_scoring import (
     score_batched,
     target_scores,
 )
-from gates.harness.config import HarnessTask, task_problems
+from gates.harness.config import HarnessTask, resolve_path, task_problems
 from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -73,7 +75,9 @@ class EvalConfig(BaseModel):
     metrics: list[str] = Field(default_factory=lambda: ["exact_match", "token_accuracy", "perplexity"])
     thresholds: dict[str, MetricThreshold] = Field(default_factory=dict)
     max_new_tokens: int = Field(default=16, ge=1, le=1024)
-    separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
+    separator: str = Field(default=" ", description="token accuracy and perplexity score prompt + separator + "
+                           "expected: the text between them in the model's format; '' when each expected already "
+                           "starts with its own (a model continuation such as ' 42')")
     expectations: DataRules = DataRules()
     # --- paired comparison (issue 29 step 3; gates/eval_paired.py) ---
     margins: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
@@ -145,6 +149,14 @@ class EvalGate:
                                     "or remove the gates.eval block"))
         return problems
 
+    def warnings(self, config_dir: Path | None, eval_dataset: Path | None) -> list[str]:
+        """Expected strings that start with whitespace while the separator adds its own (gates/eval_data.py)."""
+        path = resolve_path(self.config.dataset, config_dir) if self.config.dataset else eval_dataset
+        if path is None or not _needs_logits(resolve_metrics(self.config.metrics)):
+            return []  # exact match strips both sides: only the teacher-forced metrics read the separator
+        found = separator_warning(path, self.config.separator)
+        return [found] if found else []
+
     def _margin_problems(self) -> list[Problem]:
         return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics),
                                frozenset(t.harness for t in self.config.tasks))
@@ -199,7 +211,10 @@ class EvalGate:
             write_paired(context.work_dir / PAIRED_FILE, comparisons)
             paired_evidence.append(context.work_dir / PAIRED_FILE)
         # --- end paired comparison ---
+        scores = with_verdicts(harness.task_scores(), comparisons) if harness is not None else []
         status, reason = self._verdict(checks, skipped, comparisons, len(rows))
+        line = describe_scores(scores)  # each task's own score beside the paired verdict
+        reason = f"{reason}; {line}" if line else reason
         return GateResult(
             gate=self.id, status=status,
             reason=reason, metrics=values, thresholds=checks,
@@ -209,7 +224,7 @@ class EvalGate:
                      "production_metrics": production, "production_source": source,
                      "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
                      "paired": [c.as_dict() for c in comparisons],
-                     "harness": harness.record() if harness else None},
+                     "harness": harness.record() if harness else None, "harness_scores": scores},
         )
 
     def _verdict(self, checks: list[ThresholdCheck], skipped: list[str], comparisons: list[Comparison],

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gates.eval_data import EvalRow
-from gates.metrics import Metric, ScoredRow, resolve_metrics
+from gates.metrics import Metric, ScoredRow, resolve_metrics, sample_bounds
 from gates.packaged import load_package_model
 from gates.paired import PairedResult, compare
 from gates.samples import SampleKind, SampleScores
@@ -48,7 +48,8 @@ def sample_scores(metric: Metric, rows: tuple[EvalRow, ...], scored: Sequence[Sc
     """One metric per sample, each sample named by its eval-set line (stable across models)."""
     how = per_sample(metric)
     return SampleScores(metric=metric.name, kind=how.kind, greater_is_better=how.greater_is_better,
-                        ids=tuple(str(r.line) for r in rows), values=tuple(how.value(s) for s in scored))
+                        ids=tuple(str(r.line) for r in rows), values=tuple(how.value(s) for s in scored),
+                        bounds=sample_bounds(metric))
 
 
 class PairedJudge:

@@ -41,6 +41,11 @@ def render_markdown(results: Sequence[GateResult], production_version: str | Non
             lines += ["", f"#### {result.gate}: paired comparison", "", "| " + " | ".join(PAIRED_HEADER) + " |",
                       "|---|---|---|---|---|---|---|"]
             lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in paired]
+        tasks = harness_rows(result)
+        if tasks:
+            lines += ["", f"#### {result.gate}: harness tasks", "", "| " + " | ".join(HARNESS_HEADER) + " |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in tasks]
     return "\n".join(lines) + "\n"
 
 
@@ -55,9 +60,27 @@ def paired_rows(result: GateResult) -> list[list[str]]:
         outcome = str(c["outcome"]).replace("_", "-")
         outcome = outcome if c["outcome"] == "non_inferior" else outcome.upper()  # as a failed check reads FAIL
         if c["outcome"] == "underpowered":
-            outcome += f" (needs about {c['needed_n']} samples)" if c.get("needed_n") else " (cannot decide)"
+            outcome += f" (needs about {c['needed_n']} samples for {c.get('power', 0.8):.0%} power)" \
+                if c.get("needed_n") else " (cannot decide)"
         rows.append([str(c["metric"]), str(c["against"]), str(c["n"]), f"{c['difference']:+.4f}",
                      f"[{low:+.4f}, {high:+.4f}] at {c.get('confidence', 0.95):.0%}", f"{c['margin']:g}", outcome])
+    return rows
+
+
+HARNESS_HEADER = ["Harness", "Task", "Metric", "n", "Candidate", "Production", "Paired"]
+
+
+def harness_rows(result: GateResult) -> list[list[str]]:
+    """One row per harness task metric (`details["harness_scores"]`, gates/harness/results.py: task_scores):
+    the task's own score for candidate and production beside the paired verdict, where a margin compared it."""
+    rows = []
+    for s in result.details.get("harness_scores") or []:
+        paired = s.get("paired") or {}
+        verdict = str(paired.get("outcome", "")).replace("_", "-") if paired else "no margin"
+        if paired.get("outcome") == "underpowered" and paired.get("needed_n"):
+            verdict += f" (needs about {paired['needed_n']} samples for 80% power)"
+        rows.append([str(s["harness"]), str(s["task"]), str(s["metric"]), str(s["n"]), f"{s['candidate']:.4g}",
+                     "—" if s.get("production") is None else f"{s['production']:.4g}", verdict])
     return rows
 
 

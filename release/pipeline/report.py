@@ -198,10 +198,12 @@ def decision_table(report: ReleaseReport) -> list[str]:
     if report.validation:
         checks = report.validation.get("checks", [])
         rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
-                     _figures(checks)))
+                     _figures(checks) + tie_note(report.validation.get("metrics") or {})))
     for gate in report.gates:
-        paired = paired_figures((gate.get("details") or {}).get("paired") or [])
-        figures = "; ".join(f for f in (paired, _figures(gate.get("thresholds") or [])) if f) or \
+        details = gate.get("details") or {}
+        paired = paired_figures(details.get("paired") or [])
+        tasks = harness_figures(details.get("harness_scores") or [])
+        figures = "; ".join(f for f in (paired, tasks, _figures(gate.get("thresholds") or [])) if f) or \
             _clip(gate.get("reason", ""))
         rows.append((f"gate `{gate['gate']}`", str(gate["status"]), figures))
     fit = memory_fit(report)
@@ -215,6 +217,16 @@ def decision_table(report: ReleaseReport) -> list[str]:
         return []
     return ["## What decided it", "| check | result | deciding figures |", "|---|---|---|",
             *(f"| {what} | {status} | {figures} |" for what, status, figures in rows), ""]
+
+
+def tie_note(metrics: dict[str, Any]) -> str:
+    """What validation's top-1 agreement counted (release/stages/top1.py): tie-aware, beside the raw figure."""
+    if not _is_number(metrics.get("top1_agreement_raw")):
+        return ""
+    ties = int(metrics.get("top1_near_ties", 0))
+    plural = "" if ties == 1 else "s"
+    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: {ties} near-tie{plural} and "
+            f"{int(metrics.get('top1_repeated_prefixes', 0))} repeated prefixes not counted)")
 
 
 def _status(passed: bool) -> str:
@@ -239,11 +251,22 @@ def paired_figures(comparisons: list[dict[str, Any]]) -> str:
         low, high = c["interval"]
         outcome = str(c["outcome"]).replace("_", "-")
         if c["outcome"] == "underpowered" and c.get("needed_n"):
-            outcome += f", needs about {c['needed_n']} samples"
+            outcome += f", needs about {c['needed_n']} samples for {c.get('power', 0.8):.0%} power"
         shown.append(markdown(f"{c['metric']} vs {c['against']}: {c['difference']:+.3g} "
                               f"[{low:+.3g}, {high:+.3g}], n={c['n']}, margin {c['margin']:g}")
                      + ("" if c["outcome"] == "non_inferior" else f" (**{outcome}**)"))
     more = len(ordered) - len(shown)
+    return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
+
+
+def harness_figures(scores: list[dict[str, Any]]) -> str:
+    """Each harness task's own score, candidate beside production (a gate's details["harness_scores"],
+    gates/harness/results.py), at most MAX_FIGURES."""
+    own = [s for s in scores if s.get("own", True)]
+    shown = [markdown(f"{s['task']} {s['metric']} {_sig(s['candidate'])}"
+                      + ("" if s.get("production") is None else f" (production {_sig(s['production'])})"))
+             for s in own[:MAX_FIGURES]]
+    more = len(own) - len(shown)
     return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
 
 
