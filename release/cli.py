@@ -333,7 +333,10 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
     approved = f"; {approval['text']}" if approval else ""
     signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
               else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
-    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}"))
+    base = data.get("adapter_of")
+    bound = (f"; an adapter bound by its signed package to {base['model']} v{base['version']} (base "
+             f"{base['sha256']})" if base else "")
+    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}{bound}"))
 
 
 @cli.command()

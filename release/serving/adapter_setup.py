@@ -51,11 +51,14 @@ class AdapterSetup:
 def registry_fetch(registry: Registry, base: BaseIdentity, cache: Path, trust: Trust,
                    warn: Callable[[str], None]) -> Fetch:
     """Loads from the registry: the version named (None: production), refused by release state before any
-    download, verified, and checked to be bound to `base`."""
+    download, verified, and checked to be bound to `base`. A version verified before (a switch back and
+    forth) is not downloaded and signature-checked again while the registry still records the manifest digest
+    the signature was checked against; its files are checked against that manifest again."""
     from release.registry import PRODUCTION  # noqa: PLC0415 - MLflow: loaded with the registry
     from release.registry.versions import fetch_package  # noqa: PLC0415 - signing and the package checks
 
     lock = threading.Lock()
+    verified: dict[tuple[str, str], tuple[str, PackageManifest]] = {}
 
     def fetch(model: str, version: str | None, pinned: bool) -> tuple[str, PackageManifest]:
         with lock:  # one registry client, one download at a time
@@ -70,7 +73,12 @@ def registry_fetch(registry: Registry, base: BaseIdentity, cache: Path, trust: T
             if refusal:
                 raise InputError(f"{label} is not served: {refusal}",
                                  hint=f"serve a released version of {model} (relctl history {model})")
-            package = fetch_package(registry, model, str(mv.version), cache / model, mv, trust=trust, warn=warn)
+            anchor, known = mv.tags.get(T.MANIFEST_SHA256, ""), verified.get((model, str(mv.version)))
+            if known is not None and anchor and known[0] == anchor:
+                package = verify_package(known[1].root, manifest_sha256=anchor)
+            else:
+                package = fetch_package(registry, model, str(mv.version), cache / model, mv, trust=trust, warn=warn)
+                verified[(model, str(mv.version))] = (anchor, package)
             check_bound(package, label, base)
             return str(mv.version), package
 
