@@ -120,7 +120,7 @@ def check_bound(manifest: PackageManifest, label: str, base: BaseIdentity) -> Ad
     ) if not same]
     if differs:
         raise InputError(f"{label} is bound by its signed package to {bound.describe()}, not to the base it would "
-                         f"serve on, {base.describe()} ({', '.join(differs)} differ)", hint=RELEASE_HINT)
+                         f"serve on, {base.describe()} (they differ in: {', '.join(differs)})", hint=RELEASE_HINT)
     return bound
 
 

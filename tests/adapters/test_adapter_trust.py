@@ -116,8 +116,9 @@ def test_serve_follows_the_signed_base_not_the_tags(retagged: Story) -> None:
     """The defect: `relctl serve tiny-llm/2 --adapters` served an adapter validated on v1 once its tags said v2.
     Now the server starts with no such adapter: refused (exit 2) naming the signed base and the served one."""
     story = retagged
-    with pytest.raises(InputError, match=rf"{ADAPTER} v1 is bound by its signed package to {BASE} v1 .* not to the "
-                                         rf"base it would serve on, {BASE} v2 .*version, base weights, base package"):
+    refusal = (rf"{ADAPTER} v1 is bound by its signed package to {BASE} v1 .* not to the base it would serve on, "
+               rf"{BASE} v2 .*they differ in: version, base weights, base package")
+    with pytest.raises(InputError, match=refusal):
         base_adapters(resolve_package(f"{BASE}/2", story.project.root), story.project.root)
     served = story.project.relctl("serve", f"{BASE}/2", "--adapters", "--port", "0")
     assert served.exit_code == 2 and f"bound by its signed package to {BASE} v1" in served.stderr, served.output
