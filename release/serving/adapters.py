@@ -124,10 +124,20 @@ class AdapterTable:
         with self._lock:
             return sorted(self._served.values(), key=lambda a: a.served_name)
 
+    def in_flight(self) -> dict[str, int]:
+        """Engine name -> requests holding a lease on it (served versions and replaced ones alike)."""
+        with self._lock:
+            return {e: n for e, n in sorted(self._users.items()) if n}
+
     def draining(self) -> dict[str, int]:
         """Replaced versions the engine still holds for the requests using them: engine name -> requests."""
         with self._lock:
             return {e: self._users[e] for e in sorted(self._loaded) if not self._serves(e) and self._users[e]}
+
+    def loaded(self) -> list[str]:
+        """The engine names the engine holds (served, pinned or draining)."""
+        with self._lock:
+            return sorted(self._loaded)
 
     def adopt(self, served: ServedAdapter) -> None:
         """An adapter the engine loaded at start (Backend.open_adapter_runner)."""

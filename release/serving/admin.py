@@ -1,7 +1,8 @@
 """Run-time adapter administration on a serving base (`relctl serve --adapters`, docs/adapters.md):
 
     GET  /admin/adapters   what is served: {"base": {...}, "adapters": [{model, version, engine_name,
-                           served_name}], "draining": {engine_name: requests}}
+                           served_name}], "in_flight": {engine_name: requests}, "draining": {engine_name:
+                           requests still using a replaced version}}
     POST /admin/adapters   {"model": M, "version": "3"}   serve M at v3 (no version: M's production)
     POST /admin/adapters   {"model": "M:3"}   also serve M v3 under the name M:3, M itself untouched (a canary)
     POST /admin/adapters/unload   {"model": M}   (or "M:3")
@@ -62,8 +63,10 @@ def admin_routes(state: ServerState) -> list[Route]:
         return None
 
     async def listing(_: Request) -> Response:
+        table = state.adapters
         return refused() or JSONResponse({"base": state.adapter_base, "adapters": _listing(state),
-                                          "draining": state.adapters.draining() if state.adapters else {}})
+                                          "in_flight": table.in_flight() if table else {},
+                                          "draining": table.draining() if table else {}})
 
     async def admitted(request: Request) -> dict[str, Any] | Response:
         """The request's body once the server may answer admin requests at all; else the refusal."""

@@ -5,7 +5,10 @@
   validated as og serves it on the int4 base against the merged fp32 reference; an adapter for a module the
   base takes none on refused (exit 2, seconds, nothing registered); relctl serve of the base with the adapter
   by name; a second adapter beside it; v2 released under a canary against v1 on the one running base (traffic
-  split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID).
+  split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID);
+  10,000 requests from concurrent clients while the admin key switches v1 <-> v2 (no request fails: a request
+  holds the version it was routed to until its job ends), every way a request ends giving its hold back, a
+  rejected version refused (409) and the completions key kept out of /admin.
 
 One module story with real parts: MLflow on SQLite, the model builder, og.Adapters, relctl serve on 127.0.0.1.
 """
@@ -31,12 +34,19 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from release.adapters.trust import BaseIdentity
+from release.backends.jobs import Finished, GenerationParams
 from release.backends.onnxruntime_genai.adapters import ADAPTER_FILE, BLOCKS, lora_inputs
+from release.core.server_settings import ServerSettings
 from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.store import resolve_store
 from release.registry.versions import fetch_package
+from release.serving.adapter_setup import registry_fetch
+from release.serving.adapters import AdapterTable, engine_name
+from release.serving.engine import open_engine
 from release.serving.router import read_records
+from release.serving.source import resolve_package
 from release.signing.keys import project_trust
 from tests.adapters.conftest import PROMPTS, answers
 from tests.conftest import load_train_module
@@ -390,3 +400,69 @@ def test_a_rejected_version_is_never_switched_to(story: dict[str, Any]) -> None:
     as_client = httpx.post(f"{url}/admin/adapters", json={"model": other}, timeout=60,
                            headers={"Authorization": f"Bearer {KEY}"})
     assert as_client.status_code == 403, as_client.text
+
+
+def test_every_way_a_request_ends_gives_its_adapter_back(story: dict[str, Any]) -> None:
+    """A lease is taken when a request is routed to an adapter and given back however the request ends:
+    streamed to the end, left by its client after the first chunk, answered whole, refused after routing."""
+    url, auth = story["server"]["url"], {"Authorization": f"Bearer {KEY}"}
+    body = {"model": SUPPORT, "prompt": PROMPTS[0], "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60) as r:
+        assert r.status_code == 200 and list(r.iter_lines())[-2:] == ["data: [DONE]", ""]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60) as r:
+        assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")   # then the client leaves
+    assert httpx.post(f"{url}/v1/completions", json=body, headers=auth, timeout=60).status_code == 200
+    refused = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 100_000}, headers=auth, timeout=60)
+    assert refused.status_code == 400 and "max_tokens" in refused.text
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    deadline = time.monotonic() + 60
+    while (in_flight := httpx.get(f"{url}/admin/adapters", headers=admin, timeout=30).json()["in_flight"]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)   # the left stream's job stops at its next token
+    assert in_flight == {}
+
+
+def test_a_replaced_version_stays_loaded_for_the_request_holding_it(story: dict[str, Any], canaried: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """The table and the engine in process (og on the story's int4 base): a request holding v_old keeps it
+    loaded across a switch and generates with it; the engine unloads it once that request's job has ended;
+    a switch back to a version still draining takes it back without a second load (og would refuse one)."""
+    project = story["project"]
+    old_v, new_v = canaried["before"][PRODUCTION], canaried["report"]["version"]
+    old, new = engine_name(SUPPORT, old_v), engine_name(SUPPORT, new_v)
+    base = resolve_package(f"{BASE}/1", project)
+    fetch = registry_fetch(Registry(resolve_store(project)), BaseIdentity.of_package(base.manifest, BASE, "1"),
+                           tmp_path / "cache", project_trust(project), print)
+    engine = open_engine(base.manifest, ServerSettings(batching="off"), {})
+    table = AdapterTable(engine.runner, fetch)  # type: ignore[arg-type]
+    try:
+        table.switch(SUPPORT, old_v)
+        lease = table.acquire(SUPPORT)
+        assert lease is not None and lease.adapter.version == old_v
+        table.switch(SUPPORT, new_v)
+        assert table.draining() == {old: 1} and table.loaded() == sorted([old, new])
+
+        async def cancelled_after_first_piece() -> str | Finished:
+            params = GenerationParams(max_tokens=60, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=(),
+                                      ignore_eos=True)
+            events = engine.generate(engine.encode(PROMPTS[0]), params, time.monotonic() + 60, adapter=old,
+                                     on_end=lease.release)
+            first = await anext(events)
+            await events.aclose()
+            return first
+
+        assert isinstance(asyncio.run(cancelled_after_first_piece()), str)   # v_old still generates
+        deadline = time.monotonic() + 60
+        while old in table.loaded() and time.monotonic() < deadline:
+            time.sleep(0.05)   # the cancelled job ends at its next token, then the unload thread runs
+        assert table.loaded() == [new] and table.draining() == {}
+        held = table.acquire(SUPPORT)
+        table.switch(SUPPORT, old_v)
+        assert held is not None and table.draining() == {new: 1}
+        table.switch(SUPPORT, new_v)   # back while it drains: no load (og refuses a name it holds)
+        assert table.draining() == {} and table.loaded() == [new]   # v_old had no request: unloaded at once
+        held.release()
+        assert table.in_flight() == {} and table.loaded() == [new]
+    finally:
+        table.close()
+        engine.close()
