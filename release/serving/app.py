@@ -4,7 +4,6 @@ hash. A request is validated (4xx naming the field), admitted (429 when full), t
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from release.serving.adapters import AdapterLease, AdapterTable
-from release.serving.admin import ADMIN_PREFIX, adapter_headers, admin_routes
+from release.serving.admin import adapter_headers, admin_routes
+from release.serving.auth import KeyAuth
 from release.serving.engine import Engine, Finished
 from release.serving.metrics import Identity, ServerMetrics
 from release.serving.openapi import openapi_schema
@@ -112,49 +112,6 @@ def create_app(state: ServerState) -> ASGIApp:
         lifespan=lifespan,
     )
     return IdentityHeaders(KeyAuth(app, state.api_key, state.admin_key, state.metrics), state.identity)
-
-
-class KeyAuth:
-    """Two credentials, two scopes. /admin/* (what the server serves: adapter switches) takes the admin key
-    alone: a server started without one refuses the admin paths (403), a completions key there is 403, any
-    other credential 401. Every other path but /health (probes carry no credentials) takes the completions
-    key when the server has one (401 otherwise; the admin key is not a completions key: 403). Keys are
-    compared in constant time, so response timing does not reveal how much of a guess matched."""
-
-    OPEN = frozenset({"/health"})
-
-    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.api = f"Bearer {api_key}".encode() if api_key is not None else None
-        self.admin = f"Bearer {admin_key}".encode() if admin_key is not None else None
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"] if scope["type"] == "http" else ""
-        if scope["type"] != "http" or path in self.OPEN:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        is_api = self.api is not None and hmac.compare_digest(given, self.api)
-        is_admin = self.admin is not None and hmac.compare_digest(given, self.admin)
-        if path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/"):
-            refusal = None if is_admin else (
-                (403, "admin paths need the server started with --admin-key (RELCTL_ADMIN_KEY)") if self.admin is None
-                else (403, "a completions key cannot change what this server serves: send the admin key")
-                if is_api else (401, "missing or wrong admin key: send 'Authorization: Bearer <admin key>'"))
-        else:
-            refusal = None if self.api is None or is_api else (
-                (403, "the admin key opens /admin only: send a completions key (--api-key)") if is_admin
-                else (401, "missing or wrong API key: send 'Authorization: Bearer <key>'"))
-        if refusal is None:
-            await self.app(scope, receive, send)
-            return
-        status, message = refusal
-        self.metrics.rejected.labels("unauthorized" if status == 401 else "forbidden").inc()
-        headers = {"WWW-Authenticate": 'Bearer realm="relctl"'} if status == 401 else None
-        response = JSONResponse(RequestProblem("authorization", message, status=status).body(), status_code=status,
-                                headers=headers)
-        await response(scope, receive, send)
 
 
 class IdentityHeaders:

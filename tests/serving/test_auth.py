@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from release.serving.app import KeyAuth
+from release.serving.auth import KeyAuth
 from release.serving.cli import serving_group
 from release.serving.metrics import Identity, ServerMetrics
 from release.serving.process import ServerProcess
