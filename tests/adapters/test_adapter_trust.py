@@ -8,8 +8,8 @@ folder), registered with `relctl register` into MLflow on SQLite, the adapter's 
 writes them. Every refusal here happens before an engine would load. The module's registry:
 
   tiny-llm v1 (production) and v2: two bases (other bytes, other base-weights digests)
-  tiny-llm-support v1 (production): an adapter whose signed manifest binds it to tiny-llm v1
-  tiny-llm-support v2: the same adapter registered again (its release state set per test)
+  tiny-llm-support v1 (production): an adapter whose signed manifest binds it to tiny-llm v1 (its tags and
+  release state changed by a test are put back by that test)
 """
 
 from __future__ import annotations
@@ -85,16 +85,10 @@ def story(tmp_path_factory: pytest.TempPathFactory, release_keypair: tuple[Path,
     registry = Registry(resolve_store(project.root))
     v1 = registry.get_version(BASE, "1")
     bound = {"model": BASE, "version": "1", "sha256": DIGEST["1"], "package_content_sha256": v1.tags[T.CONTENT_SHA256]}
-    package = adapter_package(root, bound)
-    for production in (True, False):
-        args = ["register", str(package), "--model", ADAPTER, "--json", *(["--production"] if production else [])]
-        done = project.relctl(*args)
-        assert done.exit_code == 0, done.output
-        version = str(json.loads(done.stdout)["version"])
-        for tag, value in {T.KIND: "adapter", T.BASE_MODEL: BASE, T.BASE_VERSION: "1",
-                           T.BASE_SHA256: DIGEST["1"]}.items():
-            registry.set_version_tag(ADAPTER, version, tag, value)
-    assert registry.aliases(ADAPTER)["production"] == "1"
+    done = project.relctl("register", str(adapter_package(root, bound)), "--model", ADAPTER, "--production", "--json")
+    assert done.exit_code == 0 and str(json.loads(done.stdout)["version"]) == "1", done.output
+    for tag, value in {T.KIND: "adapter", T.BASE_MODEL: BASE, T.BASE_VERSION: "1", T.BASE_SHA256: DIGEST["1"]}.items():
+        registry.set_version_tag(ADAPTER, "1", tag, value)   # as an adapter release tags its version
     return Story(project, registry, root)
 
 
@@ -161,9 +155,9 @@ def test_admin_switch_and_canary_arms_check_the_signed_base(story: Story) -> Non
 
 
 @pytest.mark.parametrize(("state", "candidate", "switch", "pin"), [
-    ("rejected", False, "production may not point at v2: it is rejected", "candidate may not point at v2"),
+    ("rejected", False, "production may not point at v1: it is rejected", "candidate may not point at v1"),
     ("stopped", False, "it is stopped", None),
-    ("registering", False, "it is registering", "candidate may not point at v2: it is registering"),
+    ("registering", False, "it is registering", "candidate may not point at v1: it is registering"),
     ("registering", True, "it is registering", None),   # its own release's canary pins it
     ("awaiting-approval", False, "waits for an approval", None),
     ("released", False, None, None),
@@ -174,18 +168,19 @@ def test_a_version_is_served_as_its_release_state_allows(story: Story, state: st
     (MODEL:VERSION, a canary's candidate arm) the candidate rule: a rejected version is never served."""
     fetch = registry_fetch(story.registry, story.base("1"), story.root / "cache", project_trust(story.project.root),
                            print)
+    before = story.registry.get_version(ADAPTER, "1").tags[T.RELEASE_STATE]
     if candidate:  # nominated as its release would (before the state: a move checks the state it finds)
-        story.registry.move_aliases(ADAPTER, {"candidate": "2"}, "test", "nominated", None)
-    story.registry.set_version_tag(ADAPTER, "2", T.RELEASE_STATE, state)
+        story.registry.move_aliases(ADAPTER, {"candidate": "1"}, "test", "nominated", None)
+    story.registry.set_version_tag(ADAPTER, "1", T.RELEASE_STATE, state)
     try:
         for pinned, refusal in ((False, switch), (True, pin)):
             if refusal is None:
-                assert fetch(ADAPTER, "2", pinned)[0] == "2"
+                assert fetch(ADAPTER, "1", pinned)[0] == "1"
             else:
-                with pytest.raises(InputError, match=f"{ADAPTER} v2 is not served: .*{refusal}"):
-                    fetch(ADAPTER, "2", pinned)
+                with pytest.raises(InputError, match=f"{ADAPTER} v1 is not served: .*{refusal}"):
+                    fetch(ADAPTER, "1", pinned)
     finally:
-        story.registry.set_version_tag(ADAPTER, "2", T.RELEASE_STATE, "registered")
+        story.registry.set_version_tag(ADAPTER, "1", T.RELEASE_STATE, before)
         if candidate:
             story.registry.move_aliases(ADAPTER, {"candidate": None}, "test", "cleared", None)
 
