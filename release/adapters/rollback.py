@@ -31,9 +31,9 @@ def reload_on_server(url: str, model: str, admin_key: str | None = None, timeout
     else RELCTL_ADMIN_KEY); its answer plus the round trip's seconds."""
     from release.serving.admin_client import AdminClient, AdminError  # noqa: PLC0415 - httpx: only with --server
 
-    client = AdminClient.of(url, admin_key)
+    client = AdminClient.of(url, admin_key, timeout_s=timeout_s)
     try:
-        return AdminClient(client.url, client.key, timeout_s).switch(model)
+        return client.switch(model)
     except AdminError as exc:
         raise InputError(exc.message, hint="the alias moved; load it by hand: POST /admin/adapters "
                                            "{\"model\": ...} with the admin key") from exc

@@ -46,8 +46,10 @@ class AdminClient:
     timeout_s: float = TIMEOUT_S
 
     @classmethod
-    def of(cls, url: str, key: str | None = None, what: str = "--server") -> AdminClient:
-        return cls(url.rstrip("/").removesuffix("/v1"), admin_key(key, what))
+    def of(cls, url: str, key: str | None = None, what: str = "--server", timeout_s: float = TIMEOUT_S
+           ) -> AdminClient:
+        """The client of the server at `url` with `key`, else RELCTL_ADMIN_KEY (InputError when neither)."""
+        return cls(url.rstrip("/").removesuffix("/v1"), admin_key(key, what), timeout_s)
 
     def listing(self) -> dict[str, Any]:
         """GET /admin/adapters: {"base": ..., "adapters": [...], "draining": {...}}."""

@@ -64,7 +64,9 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
 
 def refuse_adapter_package(spec: str, package: ServedPackage) -> None:
     """An adapter's package is not a model: InputError naming its base and the command that serves it."""
-    if package.manifest.data.get("kind") != "adapter":
+    from release.adapters.trust import KIND  # noqa: PLC0415 - as base_adapters
+
+    if package.manifest.data.get("kind") != KIND:
         return
     base = package.manifest.data.get("base")
     name = base.get("model") if isinstance(base, dict) and isinstance(base.get("model"), str) else "BASE"
