@@ -87,6 +87,7 @@ def adapter_arms(server: str | None, model: str, production: VersionRecord, cand
         raise InputError(f"--server {arms.url} does not state the base it serves (GET /admin/adapters)",
                          hint="run the base with this relctl: relctl serve BASE@production --adapters")
     check_versions_bound(registry, trust, [candidate, production], base)
+    _check_traffic_key(arms)
     now = next((str(e.get("version")) for e in listing.get("adapters", [])
                 if isinstance(e, dict) and e.get("served_name", e.get("model")) == model), None)
     if now != arms.production:
@@ -105,6 +106,21 @@ def check_versions_bound(registry: Registry, trust: Trust, versions: list[Versio
         for mv in {str(v.version): v for v in versions}.values():
             package, _ = fetch_verified(registry, mv.name, str(mv.version), Path(tmp), mv, trust=trust)
             check_bound(package, f"{mv.name} v{mv.version}", base)
+
+
+def _check_traffic_key(arms: AdapterArms) -> None:
+    """The arms' traffic is let in (the server's completions key, when it takes one): refused now, not judged
+    as errors of both arms later."""
+    import httpx  # noqa: PLC0415 - as the admin client
+
+    try:
+        status = httpx.get(arms.url + "/v1/models", headers=arms.headers["production"], timeout=30).status_code
+    except httpx.HTTPError as exc:
+        raise InputError(f"--server {arms.url}/v1/models: {type(exc).__name__}: {exc}",
+                         hint="is relctl serve BASE@production --adapters running there?") from exc
+    if status in (401, 403):
+        raise InputError(f"--server {arms.url}: the canary's traffic is refused (HTTP {status} on /v1/models)",
+                         hint=f"set {API_KEY_ENV} to the server's completions key (--api-key), not its admin key")
 
 
 def _listing(arms: AdapterArms) -> dict[str, Any]:
