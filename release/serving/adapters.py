@@ -117,7 +117,10 @@ class AdapterTable:
             del self._users[engine]
             idle = engine in self._loaded and not self._serves(engine)
         if idle:  # the last request on a replaced version: unload it off the request's thread
-            self._unloader.submit(self._unload_if_idle, engine)
+            try:
+                self._unloader.submit(self._unload_if_idle, engine)
+            except RuntimeError:  # the server is shutting down (close): the engine goes with it
+                log.debug("adapter %s: not unloaded, the server is stopping", engine)
 
     # -- what is served -----------------------------------------------------------------------------------
     def listing(self) -> list[ServedAdapter]:
