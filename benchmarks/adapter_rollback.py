@@ -6,7 +6,7 @@ signature verifier).
         [--server http://127.0.0.1:PORT] [--code DIR ...] [--rounds 3]
 
 P is a project holding an adapter with two released versions (the adapter story of tests/adapters makes
-one; its server, started with RELCTL_API_KEY, is the --server). Each round rolls the adapter to one version
+one; its server, started with RELCTL_ADMIN_KEY, is the --server). Each round rolls the adapter to one version
 and back (`--to`), each command in a fresh interpreter timed from the parent: wall clock and the child's CPU
 seconds (user + system: what a busy shared machine disturbs far less), and the split the command prints
 itself (`--json` "seconds": start = interpreter and imports, alias_move = package verification + the move
@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.server and not os.environ.get("RELCTL_API_KEY"):
-        raise SystemExit("--server: set RELCTL_API_KEY to the server's key")
+    if args.server and not os.environ.get("RELCTL_ADMIN_KEY"):
+        raise SystemExit("--server: set RELCTL_ADMIN_KEY to the server's admin key")
     codes = [REPO, *[c.resolve() for c in args.code]]
     rows: dict[str, list[dict[str, Any]]] = {str(c): [] for c in codes}
     floor: list[dict[str, Any]] = []

@@ -106,7 +106,8 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
                    "release: {mode: adapter, onto: ...}.")
 @click.option("--server", "canary_server", metavar="URL",
               help="With --onto and gates.canary: the running `relctl serve BASE --adapters` the new version is "
-                   "canaried on against the adapter's production (RELCTL_API_KEY: its key).")
+                   "canaried on against the adapter's production (its admin key in RELCTL_ADMIN_KEY, its "
+                   "completions key, if any, in RELCTL_API_KEY).")
 @json_option
 @click.pass_obj
 @handled
@@ -233,7 +234,7 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
               help="Allow a target that never passed its gates (rejected, stopped, registering); recorded.")
 @click.option("--server", "server_url", metavar="URL",
               help="An adapter's rollback: then switch the adapter on this running base (relctl serve --adapters; "
-                   "RELCTL_API_KEY), no base restart.")
+                   "its admin key in RELCTL_ADMIN_KEY), no base restart.")
 @click.option("--strand-adapters", is_flag=True,
               help="Roll a base back even though production adapters were built for the version it leaves.")
 @json_option
@@ -252,7 +253,7 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
     if server_url:
         from release.adapters.rollback import reload_on_server
 
-        reloaded = reload_on_server(server_url, model, os.environ.get("RELCTL_API_KEY"))
+        reloaded = reload_on_server(server_url, model)  # the server's admin key: RELCTL_ADMIN_KEY
         seconds |= {"switch": reloaded["seconds"], "switch_round_trip": reloaded["round_trip_s"]}
         click.echo(f"{server_url} serves {model} v{reloaded['version']} (was v{reloaded['replaced']}; switched in "
                    f"{reloaded['seconds']:.2f}s, the base kept serving)", err=True)
@@ -332,7 +333,10 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
     approved = f"; {approval['text']}" if approval else ""
     signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
               else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
-    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}"))
+    base = data.get("adapter_of")
+    bound = (f"; an adapter bound by its signed package to {base['model']} v{base['version']} (base "
+             f"{base['sha256']})" if base else "")
+    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}{bound}"))
 
 
 @cli.command()

@@ -4,10 +4,9 @@ serving on no base is refused (exit 2, naming them) unless the user says to stra
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from release.adapters.serving import production_adapters
+from release.adapters.trust import production_adapters
 from release.core.errors import InputError
 from release.registry import Registry
 
@@ -27,22 +26,14 @@ def refuse_stranding(registry: Registry, model: str, current: str | None, target
                               f"or pass {STRAND_FLAG} to roll back anyway")
 
 
-def reload_on_server(url: str, model: str, api_key: str | None, timeout_s: float = 120) -> dict[str, Any]:
-    """Tell the base server at `url` to serve `model`'s production version now; its answer plus the seconds."""
-    import httpx  # noqa: PLC0415
+def reload_on_server(url: str, model: str, admin_key: str | None = None, timeout_s: float = 120) -> dict[str, Any]:
+    """Tell the base server at `url` to serve `model`'s production version now (its admin key: `admin_key`,
+    else RELCTL_ADMIN_KEY); its answer plus the round trip's seconds."""
+    from release.serving.admin_client import AdminClient, AdminError  # noqa: PLC0415 - httpx: only with --server
 
-    if not api_key:
-        raise InputError("--server: the admin path needs the server's API key",
-                         hint="set RELCTL_API_KEY to the key the server was started with")
-    started = time.monotonic()
+    client = AdminClient.of(url, admin_key, timeout_s=timeout_s)
     try:
-        response = httpx.post(url.rstrip("/") + "/admin/adapters", json={"model": model}, timeout=timeout_s,
-                              headers={"Authorization": f"Bearer {api_key}"})
-    except httpx.HTTPError as exc:
-        raise InputError(f"--server {url}: {exc}", hint="is relctl serve --adapters running there?") from exc
-    if response.status_code != 200:
-        raise InputError(f"--server {url}: HTTP {response.status_code}: {response.text[:300]}",
-                         hint="the alias moved; load it by hand: POST /admin/adapters {\"model\": ...}")
-    answer: dict[str, Any] = response.json()
-    answer["round_trip_s"] = round(time.monotonic() - started, 3)
-    return answer
+        return client.switch(model)
+    except AdminError as exc:
+        raise InputError(exc.message, hint="the alias moved; load it by hand: POST /admin/adapters "
+                                           "{\"model\": ...} with the admin key") from exc

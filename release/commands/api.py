@@ -209,7 +209,8 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         package = verify_package(Path(spec))
         verdict = verify_signature(package.root, trust, Path(spec).name)
         return {"package": spec, "signature": verdict.status, "signed_by": verdict.signed_by,
-                "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
+                "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
+                **_adapter_binding(package, Path(spec).name, None)}
     ref = parse_spec(spec)
     registry = open_registry(project_dir)
     version = ref.version
@@ -218,11 +219,31 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         if found is None:
             raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.name}")
         version = str(found.version)
+    mv = registry.get_version(ref.name, version)
     with tempfile.TemporaryDirectory() as tmp:
-        _package, verdict = fetch_verified(registry, ref.name, version, Path(tmp), trust=trust)
+        package, verdict = fetch_verified(registry, ref.name, version, Path(tmp), mv, trust=trust)
+        bound = _adapter_binding(package, f"{ref.name} v{version}", mv)
     return {"model": ref.name, "version": version, "signature": verdict.status, "signed_by": verdict.signed_by,
             "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
-            "approval": _verified_approval(registry.get_version(ref.name, version).tags, trust, ref.name, version)}
+            "approval": _verified_approval(mv.tags, trust, ref.name, version), **bound}
+
+
+def _adapter_binding(package: Any, label: str, mv: Any) -> dict[str, Any]:
+    """{"adapter_of": the base an adapter's signed manifest binds it to} ({} for a whole model); exit 2 when
+    the version's registry tags name another base (they were changed after release: every reader follows the
+    manifest and refuses the adapter on the base the tags name)."""
+    from release.adapters.trust import KIND, binding_of, tags_disagree  # noqa: PLC0415 - as above
+
+    if package.data.get("kind") != KIND:
+        return {}
+    bound = binding_of(package, label)
+    wrong = tags_disagree(mv, bound) if mv is not None else None
+    if wrong:
+        raise InputError(f"{label}: its signed package binds it to {bound.describe()}, but its registry tags say "
+                         f"otherwise: {wrong}; the tags were changed after release",
+                         hint=f"serve, render, canary and rollback follow the signed package and refuse it on any "
+                              f"other base; restore the tags to {bound.model} v{bound.version}")
+    return {"adapter_of": bound.to_dict()}
 
 
 def _verified_approval(tags: dict[str, str], trust: Any, model: str, version: str) -> dict[str, Any] | None:
