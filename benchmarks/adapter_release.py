@@ -58,7 +58,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RELCTL = str(Path(sys.executable).with_name("relctl"))
 OUT = REPO / "benchmarks" / "results" / "adapter_release.json"
-KEY = "adapter-bench-key"
+KEY = "adapter-bench-key"          # the server's completions key
+ADMIN_KEY = "adapter-bench-admin"  # its admin key: the rollback's switch sends it
 ADAPTER = "tiny-llm-support"
 PROMPTS = ["reverse b d a f ->", "reverse c a e b ->", "reverse f e d c ->", "reverse a b c d ->"]
 EXTRA = 15  # names added on the engine beside the one relctl serve loads: 16 active
@@ -273,7 +274,7 @@ def main() -> None:
                                          "--model", ADAPTER)
         load_after_releases = os.getloadavg()
 
-        env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": KEY}
+        env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": ADMIN_KEY}
         with serving(project, root, env) as (server, info):
             url = info["url"]
             engine_pid, engine = engine_of(server.pid)

@@ -6,7 +6,7 @@ signature verifier).
         [--server http://127.0.0.1:PORT] [--code DIR ...] [--rounds 3]
 
 P is a project holding an adapter with two released versions (the adapter story of tests/adapters makes
-one; its server is the --server, RELCTL_ADMIN_KEY its admin key). Each round rolls the adapter to one version
+one; its server, started with RELCTL_ADMIN_KEY, is the --server). Each round rolls the adapter to one version
 and back (`--to`), each command in a fresh interpreter timed from the parent: wall clock and the child's CPU
 seconds (user + system: what a busy shared machine disturbs far less), and the split the command prints
 itself (`--json` "seconds": start = interpreter and imports, alias_move = package verification + the move

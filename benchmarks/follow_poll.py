@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    from release.adapters.serving import production_adapters
+    from release.adapters.trust import production_adapters
     from release.serving.follow import Follower
 
     load_before = os.getloadavg()

@@ -6,9 +6,12 @@ installed builder makes on this CPU is built, validated against the one fp32 ref
 sample against that reference, and load-tested on the same seeded plan (only the variants that passed).
 The search measures its own wall time and each part in the same run (the release report's
 `engines.precision_search.cost`): each build (convert, validate, memory, package), the reference's eval
-scoring, each variant's paired eval and each load test. Target: wall <= 1.5x the sum of the parts.
+scoring, each variant's paired eval and each load test. Goal (issue 38): the search's wall time at most 1.2x
+the sum of its builds and evals, the load tests counted as evals (the $/M cost is what they evaluate); the
+ratio without them is recorded beside it. The fp32 reference is scored once per release: the report's
+`reference_scoring` counts it (the search scores it, the release's own eval gate reuses it).
 
-    python benchmarks/precision_search.py            # about 5 minutes on 2 shared cores
+    nice -n 10 python benchmarks/precision_search.py      # about 10 minutes on 2 shared cores
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's relctl, as the other benchmarks
 EXAMPLE = ROOT / "examples" / "tiny-llm"
 RESULTS = Path(__file__).parent / "results" / "precision_search.json"
 RELCTL = Path(sys.executable).parent / "relctl"
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.2
 
 
 def _module(name: str, path: Path) -> Any:
@@ -70,18 +73,25 @@ def main() -> None:
     engines = report.get("engines") or {}
     search = engines.get("precision_search") or {}
     cost = search.get("cost") or {}
+    ratio = cost.get("ratio_with_load_tests")
+    scoring = report.get("reference_scoring") or {}
     out = {"benchmark": "precision: auto on the example (examples/tiny-llm/release-auto.yaml): the search's wall "
-                        "time against the sum of its builds, evals and load tests, measured in the same run",
+                        "time against the sum of its builds and evals (load tests included), measured in the same "
+                        "run; the fp32 reference's eval scorings counted in the report",
            "outcome": report.get("outcome"), "exit_code": promote.returncode, "failures": report.get("failures"),
-           "chosen": engines.get("chosen"), "search_wall_s": cost.get("wall_s"), "parts_s": cost.get("parts_s"),
-           "ratio": cost.get("ratio"), "target_ratio": TARGET_RATIO,
-           "within_target": cost.get("ratio") is not None and cost["ratio"] <= TARGET_RATIO,
-           "parts": cost.get("parts"), "frontier": search.get("frontier"), "why": engines.get("why"),
-           "promote_seconds": round(seconds, 1),
+           "chosen": engines.get("chosen"), "search_wall_s": cost.get("wall_s"),
+           "builds_s": cost.get("builds_s"), "evals_s": cost.get("evals_s"), "load_tests_s": cost.get("load_tests_s"),
+           "ratio": ratio, "target_ratio": TARGET_RATIO, "within_target": ratio is not None and ratio <= TARGET_RATIO,
+           "ratio_without_load_tests": cost.get("ratio"),
+           "reference_scorings": scoring.get("scorings"), "reference_reused": scoring.get("reused"),
+           "reference_scoring": scoring, "parts": cost.get("parts"), "frontier": search.get("frontier"),
+           "why": engines.get("why"), "promote_seconds": round(seconds, 1),
            "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()}}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: out[k] for k in ("outcome", "chosen", "search_wall_s", "parts_s", "ratio")}, indent=2))
+    print(json.dumps({k: out[k] for k in ("outcome", "chosen", "search_wall_s", "ratio", "ratio_without_load_tests",
+                                          "reference_scorings")}, indent=2))
+    sys.stderr.write(promote.stderr[-6000:])  # the promote's own progress lines, as a user sees them
     if promote.returncode not in (0, 1):
         raise SystemExit(f"promote failed (exit {promote.returncode}): {promote.stderr[-3000:]}")
 

@@ -19,11 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ProductionRef, ThresholdCheck, missing_file
-from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set
+from gates.eval_data import DataRules, EvalRow, EvalSet, load_eval_set, separator_warning
 from gates.eval_paired import (
     BASELINES,
     PAIRED_FILE,
@@ -32,14 +31,25 @@ from gates.eval_paired import (
     Comparison,
     Side,
     compare_sides,
+    describe_scores,
     harness_comparisons,
     harness_of,
     margin_problems,
     paired_status,
+    with_verdicts,
     write_paired,
     write_samples,
 )
-from gates.harness.config import HarnessTask, task_problems
+from gates.eval_scoring import (
+    BatchScoring,
+    fits_batched,
+    forced_ids,
+    rows_from_json,
+    rows_to_json,
+    score_batched,
+    target_scores,
+)
+from gates.harness.config import HarnessTask, resolve_path, task_problems
 from gates.harness.run import run_tasks
 from gates.metrics import Metric, ScoredRow, resolve_metrics
 from gates.packaged import complete, load_package_model
@@ -47,10 +57,13 @@ from gates.precision_eval import PairedJudge
 from gates.thresholds import MetricThreshold, check_metric
 from release.backends.base import LoadedModel
 from release.core.errors import ConfigError, InputError
+from release.gating.reference import ReferenceModel
 
 EVIDENCE_FILE = "eval-predictions.jsonl"
 MAX_EXAMPLES = 20
 SHA_TAG = "gate.eval.dataset_sha256"
+REFERENCE_ROWS = "eval-reference-rows"   # what the release's reference cache keeps for this gate
+SCORING_VERSION = 1                      # bump when score_rows would score the same rows differently
 
 
 class EvalConfig(BaseModel):
@@ -62,7 +75,9 @@ class EvalConfig(BaseModel):
     metrics: list[str] = Field(default_factory=lambda: ["exact_match", "token_accuracy", "perplexity"])
     thresholds: dict[str, MetricThreshold] = Field(default_factory=dict)
     max_new_tokens: int = Field(default=16, ge=1, le=1024)
-    separator: str = Field(default=" ", description="text between prompt and expected in the model's format")
+    separator: str = Field(default=" ", description="token accuracy and perplexity score prompt + separator + "
+                           "expected: the text between them in the model's format; '' when each expected already "
+                           "starts with its own (a model continuation such as ' 42')")
     expectations: DataRules = DataRules()
     # --- paired comparison (issue 29 step 3; gates/eval_paired.py) ---
     margins: dict[str, Annotated[float, Field(allow_inf_nan=False)]] = Field(
@@ -134,6 +149,14 @@ class EvalGate:
                                     "or remove the gates.eval block"))
         return problems
 
+    def warnings(self, config_dir: Path | None, eval_dataset: Path | None) -> list[str]:
+        """Expected strings that start with whitespace while the separator adds its own (gates/eval_data.py)."""
+        path = resolve_path(self.config.dataset, config_dir) if self.config.dataset else eval_dataset
+        if path is None or not _needs_logits(resolve_metrics(self.config.metrics)):
+            return []  # exact match strips both sides: only the teacher-forced metrics read the separator
+        found = separator_warning(path, self.config.separator)
+        return [found] if found else []
+
     def _margin_problems(self) -> list[Problem]:
         return margin_problems(self.config.margins, self.config.metrics, resolve_metrics(self.config.metrics),
                                frozenset(t.harness for t in self.config.tasks))
@@ -148,9 +171,11 @@ class EvalGate:
         # The gate's own metrics (a harness task's margins compare the served candidate with production by the
         # harness's sample ids, not a variant with the reference).
         margins = {m: v for m, v in self.config.margins.items() if m in self.config.metrics}
-        needs = _needs_logits(resolve_metrics(list(margins)))
-        return PairedJudge(load_eval_set(path, self.config.expectations).rows, margins,
-                           lambda model, rows: score_rows(model, rows, self.config, needs), reference,
+        # Scored as the gate itself scores (every metric's needs): the gate then reuses the reference's rows.
+        needs = _needs_logits(resolve_metrics(self.config.metrics))
+        data = load_eval_set(path, self.config.expectations)
+        return PairedJudge(data.rows, margins, lambda model, rows: score_rows(model, rows, self.config, needs),
+                           lambda: reference_rows(reference, data, self.config, needs, "precision: auto"),
                            confidence=self.config.confidence)
 
     def run(self, context: GateContext) -> GateResult:
@@ -186,7 +211,10 @@ class EvalGate:
             write_paired(context.work_dir / PAIRED_FILE, comparisons)
             paired_evidence.append(context.work_dir / PAIRED_FILE)
         # --- end paired comparison ---
+        scores = with_verdicts(harness.task_scores(), comparisons) if harness is not None else []
         status, reason = self._verdict(checks, skipped, comparisons, len(rows))
+        line = describe_scores(scores)  # each task's own score beside the paired verdict
+        reason = f"{reason}; {line}" if line else reason
         return GateResult(
             gate=self.id, status=status,
             reason=reason, metrics=values, thresholds=checks,
@@ -196,7 +224,7 @@ class EvalGate:
                      "production_metrics": production, "production_source": source,
                      "skipped_checks": skipped, "failing_examples": failing[:MAX_EXAMPLES],
                      "paired": [c.as_dict() for c in comparisons],
-                     "harness": harness.record() if harness else None},
+                     "harness": harness.record() if harness else None, "harness_scores": scores},
         )
 
     def _verdict(self, checks: list[ThresholdCheck], skipped: list[str], comparisons: list[Comparison],
@@ -240,8 +268,8 @@ class EvalGate:
             if context.load_reference is None:
                 notes.append("no fp32 reference in this run: paired comparison with the reference skipped")
             else:
-                baselines.append(Side("reference", "fp32 reference",
-                                      score_rows(context.load_reference(), data.rows, self.config, needs)))
+                scored, _ = reference_rows(context.load_reference, data, self.config, needs, "eval gate")
+                baselines.append(Side("reference", "fp32 reference", scored))
         candidate = Side("candidate", "candidate", rows)
         comparisons = compare_sides(metrics, self.config.margins, data.rows, candidate, baselines,
                                     self.config.confidence)
@@ -280,7 +308,10 @@ class EvalGate:
 
 def score_rows(model: LoadedModel, rows: tuple[EvalRow, ...], config: EvalConfig,
                needs_logits: bool) -> list[ScoredRow]:
-    """Generate for every row, and score the expected tokens under teacher forcing when asked."""
+    """Generate for every row, and score the expected tokens under teacher forcing when asked: a batch of rows
+    per forward on a model that batches (the PyTorch reference, gates/eval_scoring.py), else row by row."""
+    if isinstance(model, BatchScoring) and fits_batched(model, rows, config.max_new_tokens, config.separator):
+        return score_batched(model, model, rows, config.max_new_tokens, config.separator, needs_logits)
     scored: list[ScoredRow] = []
     for row in rows:
         output = complete(model, row.prompt, config.max_new_tokens)
@@ -289,21 +320,25 @@ def score_rows(model: LoadedModel, rows: tuple[EvalRow, ...], config: EvalConfig
     return scored
 
 
+def reference_rows(reference: Callable[[], LoadedModel], data: EvalSet, config: EvalConfig,
+                   needs_logits: bool, by: str) -> tuple[list[ScoredRow], bool]:
+    """(rows, reused): the fp32 reference's scored rows of this eval set. A release's reference
+    (release/gating/reference.py) scores them once, kept by its content digest with the eval set's digest and
+    these scoring settings, so `precision: auto`'s paired eval and this gate share one scoring."""
+    if not isinstance(reference, ReferenceModel):
+        return score_rows(reference(), data.rows, config, needs_logits), False
+    settings = {"eval_set_sha256": data.sha256, "max_new_tokens": config.max_new_tokens,
+                "separator": config.separator, "needs_logits": needs_logits, "scoring": SCORING_VERSION}
+    value, reused = reference.computed(
+        REFERENCE_ROWS, settings, lambda model: rows_to_json(score_rows(model, data.rows, config, needs_logits)), by)
+    return rows_from_json(value), reused
+
+
 def _teacher_forced(model: LoadedModel, row: EvalRow,
                     separator: str) -> tuple[tuple[float, ...], tuple[bool, ...]]:
     """Log-probability and argmax hit of each target token (the answer's tokens, then EOS)."""
-    prompt_ids = model.encode(row.prompt)
-    full_ids = model.encode(row.prompt + separator + row.expected) + model.eos_token_ids[:1]
-    # Targets start where the tokenizations diverge, so a merge across the boundary cannot shift them.
-    start = next((i for i, (a, b) in enumerate(zip(prompt_ids, full_ids, strict=False)) if a != b), len(prompt_ids))
-    start = max(start, 1)
-    logits = model.logits(full_ids[:-1])[start - 1:]
-    targets = np.asarray(full_ids[start:])
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    picked = log_probs[np.arange(len(targets)), targets]
-    hits = logits.argmax(axis=1) == targets
-    return tuple(float(v) for v in picked), tuple(bool(h) for h in hits)
+    full_ids, start = forced_ids(model, row.prompt, row.expected, separator)
+    return target_scores(model.logits(full_ids[:-1])[start - 1:], full_ids[start:])
 
 
 def _production_label(production: ProductionRef) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from gates.base import Problem
 from gates.eval_data import EvalRow
-from gates.metrics import Metric, ScoredRow, per_sample
+from gates.metrics import Metric, ScoredRow, per_sample, sample_bounds
 from gates.paired import PairedResult, compare
 from gates.samples import SampleScores
 from release.core.errors import InputError
@@ -96,7 +96,7 @@ def sample_scores(metric: Metric, data: Sequence[EvalRow], rows: Sequence[Scored
         raise ValueError(f"{metric.name} has no per-sample score")
     score = metric.score_sample  # type: ignore[attr-defined]
     return SampleScores(metric.name, kind, metric.greater_is_better, tuple(str(r.line) for r in data),
-                        tuple(float(score(s)) for s in rows))
+                        tuple(float(score(s)) for s in rows), sample_bounds(metric))
 
 
 def compare_sides(metrics: Sequence[Metric], margins: Mapping[str, float], data: Sequence[EvalRow],
@@ -143,6 +143,38 @@ def harness_comparisons(margins: Mapping[str, float], candidate: Sequence[Sample
     notes = ["production was not scored on the harness tasks: their margins were not compared"] \
         if production is None else []
     return out, notes
+
+
+def with_verdicts(scores: Sequence[dict[str, Any]], comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
+    """Harness task scores (gates/harness/results.py: task_scores) with their paired verdict where a margin
+    compared them: `paired` = {against, outcome, difference, interval, margin, needed_n}, else None."""
+    by_metric = {c.result.metric: c for c in comparisons}
+    out = []
+    for entry in scores:
+        found = by_metric.get(entry["name"])
+        verdict = None if found is None else {
+            "against": found.against, "outcome": found.result.outcome, "difference": found.result.difference,
+            "interval": list(found.result.interval), "margin": found.result.margin, "needed_n": found.result.needed_n}
+        out.append({**entry, "paired": verdict})
+    return out
+
+
+def describe_scores(scores: Sequence[dict[str, Any]]) -> str | None:
+    """One line: each task's own metrics, candidate beside production, e.g. `lm-eval reverse_mc: acc 0.750
+    (production 0.667; paired: non-inferior)`; None when no harness task ran."""
+    tasks: dict[tuple[str, str], list[str]] = {}
+    for entry in scores:
+        if not entry["own"]:
+            continue
+        figure = f"{entry['metric']} {entry['candidate']:.3f}"
+        notes = [] if entry["production"] is None else [f"production {entry['production']:.3f}"]
+        if entry.get("paired"):
+            notes.append(f"paired: {entry['paired']['outcome'].replace('_', '-')}")
+        tasks.setdefault((entry["harness"], entry["task"]), []).append(
+            figure + (f" ({'; '.join(notes)})" if notes else ""))
+    if not tasks:
+        return None
+    return "; ".join(f"{harness} {task}: {', '.join(figures)}" for (harness, task), figures in tasks.items())
 
 
 def write_samples(path: Path, metrics: Sequence[Metric], data: Sequence[EvalRow], sides: Sequence[Side]) -> None:

@@ -9,7 +9,9 @@ A metric class has a `name`, `greater_is_better` (the default direction of its t
 `needs_logits` (whether rows must carry teacher-forced target scores) and `compute(rows)`. A metric that
 can be compared sample by sample (`gates.eval.margins`, gates/paired.py) also has `sample_kind` ("binary"
 or "continuous") and `score_sample(row)`: its value on one eval row, the paired unit (rows are the
-independent draws; a row's tokens are not).
+independent draws; a row's tokens are not). A continuous one whose per-row values lie in a known range
+declares it as `sample_bounds = (low, high)`: the interval is then never narrower than the range allows at
+that many rows (gates/paired_intervals.py); without it the metric is taken as unbounded.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ class TokenAccuracy:
         return sum(hits) / len(hits) if hits else 0.0
 
     sample_kind: ClassVar[SampleKind] = "continuous"
+    sample_bounds: ClassVar[tuple[float, float]] = (0.0, 1.0)
 
     def score_sample(self, row: ScoredRow) -> float:
         """This row's share of target tokens predicted (every row weighs the same, unlike the pooled value)."""
@@ -116,6 +119,15 @@ def per_sample(metric: Metric) -> SampleKind | None:
     """The metric's per-sample kind, or None when it has no per-sample form (it cannot take a margin)."""
     kind = getattr(metric, "sample_kind", None)
     return kind if kind in ("binary", "continuous") and callable(getattr(metric, "score_sample", None)) else None
+
+
+def sample_bounds(metric: Metric) -> tuple[float, float] | None:
+    """The range a metric's per-sample values lie in (`sample_bounds`), or None: unbounded, or binary."""
+    bounds = getattr(metric, "sample_bounds", None)
+    if per_sample(metric) != "continuous" or bounds is None:
+        return None
+    low, high = bounds
+    return float(low), float(high)
 
 
 def _require(values: tuple[T, ...] | None, metric: str) -> tuple[T, ...]:

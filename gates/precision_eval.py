@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gates.eval_data import EvalRow
-from gates.metrics import Metric, ScoredRow, resolve_metrics
+from gates.metrics import Metric, ScoredRow, resolve_metrics, sample_bounds
 from gates.packaged import load_package_model
 from gates.paired import PairedResult, compare
 from gates.samples import SampleKind, SampleScores
@@ -48,29 +48,38 @@ def sample_scores(metric: Metric, rows: tuple[EvalRow, ...], scored: Sequence[Sc
     """One metric per sample, each sample named by its eval-set line (stable across models)."""
     how = per_sample(metric)
     return SampleScores(metric=metric.name, kind=how.kind, greater_is_better=how.greater_is_better,
-                        ids=tuple(str(r.line) for r in rows), values=tuple(how.value(s) for s in scored))
+                        ids=tuple(str(r.line) for r in rows), values=tuple(how.value(s) for s in scored),
+                        bounds=sample_bounds(metric))
 
 
 class PairedJudge:
-    """Scores the reference once; `judge(package_dir)` scores a variant and tests it metric by metric."""
+    """Scores the reference once; `judge(package_dir)` scores a variant and tests it metric by metric.
+
+    `reference` gives the reference's scored rows and whether they were reused (the release's reference cache:
+    scored once per release, shared with the eval gate)."""
 
     def __init__(self, rows: tuple[EvalRow, ...], margins: dict[str, float], score: Scorer,
-                 reference: Callable[[], LoadedModel], confidence: float = 0.95, seed: int = 0) -> None:
+                 reference: Callable[[], tuple[list[ScoredRow], bool]], confidence: float = 0.95,
+                 seed: int = 0) -> None:
         self.rows, self.margins, self.score, self.seed = rows, dict(margins), score, seed
         self.confidence = confidence
         self.metrics = {m.name: m for m in resolve_metrics(list(margins), "gates.eval.margins")}
-        self._load_reference = reference
+        self._reference_rows = reference
         self._reference: dict[str, SampleScores] | None = None
+        self.reference_reused: bool | None = None   # None until scored; True when the cache had it
         self.seconds: dict[str, float] = {}
 
-    def _scores(self, model: LoadedModel) -> dict[str, SampleScores]:
-        scored = self.score(model, self.rows)
+    def _by_metric(self, scored: Sequence[ScoredRow]) -> dict[str, SampleScores]:
         return {name: sample_scores(metric, self.rows, scored) for name, metric in self.metrics.items()}
+
+    def _scores(self, model: LoadedModel) -> dict[str, SampleScores]:
+        return self._by_metric(self.score(model, self.rows))
 
     def reference_scores(self) -> dict[str, SampleScores]:
         if self._reference is None:
             started = time.perf_counter()
-            self._reference = self._scores(self._load_reference())
+            scored, self.reference_reused = self._reference_rows()
+            self._reference = self._by_metric(scored)
             self.seconds["reference"] = time.perf_counter() - started
         return self._reference
 

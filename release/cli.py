@@ -106,7 +106,8 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
                    "release: {mode: adapter, onto: ...}.")
 @click.option("--server", "canary_server", metavar="URL",
               help="With --onto and gates.canary: the running `relctl serve BASE --adapters` the new version is "
-                   "canaried on against the adapter's production (RELCTL_API_KEY: its key).")
+                   "canaried on against the adapter's production (its admin key in RELCTL_ADMIN_KEY, its "
+                   "completions key, if any, in RELCTL_API_KEY).")
 @click.option("--strand-adapters", is_flag=True,
               help="Release a base even though production adapters were built for the production version it "
                    "replaces (release.yaml: release.strand_adapters: true); refused otherwise, naming them.")
@@ -339,7 +340,10 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
     approved = f"; {approval['text']}" if approval else ""
     signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
               else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
-    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}"))
+    base = data.get("adapter_of")
+    bound = (f"; an adapter bound by its signed package to {base['model']} v{base['version']} (base "
+             f"{base['sha256']})" if base else "")
+    emit(data, as_json, lambda: click.echo(f"{what}: verified, {signed}{approved}{bound}"))
 
 
 @cli.command()

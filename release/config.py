@@ -127,7 +127,11 @@ class ValidationConfig(Strict):
     prompts: str | None = Field(
         None, description="JSONL of {'prompt': ...}; default: the run's validation/prompts.jsonl artifact"
     )
-    min_top1_agreement: float = Field(0.90, ge=0, le=1)
+    min_top1_agreement: float = Field(0.90, ge=0, le=1, description="tie-aware: over distinct token prefixes where "
+                                      "the reference's top two tokens are more than near_tie_nats apart")
+    near_tie_nats: float = Field(0.05, ge=0, description="top-1 agreement leaves out positions where the reference's "
+                                 "top two log-probabilities are within this (a near-tie: either token is its answer); "
+                                 "0 counts every distinct prefix")
     max_mean_kl: float = Field(0.10, ge=0)
     max_perplexity_increase: float = Field(0.05, ge=0, description="relative, 0.05 = +5%")
     min_greedy_agreement: float = Field(0.80, ge=0, le=1)

@@ -58,3 +58,27 @@ def scores_by_metric(prefix: str, values: Mapping[str, Iterable[tuple[str, Any]]
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(float(value))
+
+
+# relctl's own per-sample aids (lm-eval's multiple-choice target log-likelihood): shown in tables, not as the
+# task's own score in the one-line verdict.
+RELCTL_METRICS = frozenset({"target_loglikelihood"})
+
+
+def task_scores(candidate: Iterable[TaskRun], production: Iterable[TaskRun] | None) -> list[dict[str, Any]]:
+    """Each task's per-sample metrics as their means, candidate beside production (None where production was
+    not scored): what the gate's line, the card, the report and the job summary show beside the paired
+    verdict. Keys: harness, task, metric, name (the qualified metric margins use), kind, greater_is_better, own
+    (a metric of the task itself, not relctl's aid), n, candidate, production, production_n."""
+    theirs = {s.metric: s for run in production or [] for s in run.scores}
+    out: list[dict[str, Any]] = []
+    for run in candidate:
+        for scores in run.scores:
+            task, metric = scores.metric.split("/", 1)[1].rsplit("/", 1)
+            other = theirs.get(scores.metric)
+            out.append({"harness": run.harness, "task": task, "metric": metric, "name": scores.metric,
+                        "kind": scores.kind, "greater_is_better": scores.greater_is_better,
+                        "own": metric.split(",")[0] not in RELCTL_METRICS, "n": len(scores.values),
+                        "candidate": scores.mean, "production": None if other is None else other.mean,
+                        "production_n": None if other is None else len(other.values)})
+    return out

@@ -12,7 +12,7 @@ import httpx
 
 from gates.harness import inspect, lm_eval
 from gates.harness.config import HarnessTask, task_problems
-from gates.harness.results import TaskRun
+from gates.harness.results import TaskRun, task_scores
 from gates.samples import SampleScores
 from release.core.errors import InputError, ReleaseError
 from release.core.package import read_manifest
@@ -33,6 +33,10 @@ class HarnessResults:
     def scores(self, side: str) -> list[SampleScores]:
         runs = self.candidate if side == "candidate" else self.production or []
         return [s for run in runs for s in run.scores]
+
+    def task_scores(self) -> list[dict[str, Any]]:
+        """Each task's metrics, candidate beside production (gates/harness/results.py: task_scores)."""
+        return task_scores(self.candidate, self.production)
 
     def record(self) -> dict[str, Any]:
         """What the gate's details keep: per task, the harness, its version, task names, digests, config."""

@@ -4,8 +4,9 @@ registered as `candidate` (production unmoved) and judged against production on 
 serves them (`--server URL`); the canary's outcome moves the aliases. A first release has nothing to canary
 against and is released at once, as promote's canary gate is skipped then.
 
-Everything the canary needs is checked before the first download: the server's URL and API key, that it
-runs the base version this release targets, and that it serves the adapter's production version.
+Everything the canary needs is checked before the first download: the server's URL and admin key, that
+it runs the base version this release targets (production's signed package bound to it), and that it
+serves the adapter's production version.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from release.registry.records import VersionRecord
 
 if TYPE_CHECKING:  # scipy (the judge), aiohttp and the router: only for a release that runs a canary
     from release.canary.settings import CanaryConfig
+    from release.signing.keys import Trust
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class CanaryPlan:
     server: str
     production: VersionRecord
     base_dir: Path | None    # where gates.canary.traffic.dataset is read relative to
+    trust: Trust             # the release's trusted keys: both arms' packages are verified against them
 
 
 def plan_canary(registry: Registry, model: str, cfg: ReleaseConfig, server: str | None, base: tuple[str, str],
@@ -66,9 +69,13 @@ def plan_canary(registry: Registry, model: str, cfg: ReleaseConfig, server: str 
         raise InputError(f"{model}'s production v{production.version} serves on {built[0]} v{built[1]}, this release "
                          f"targets {base[0]} v{base[1]}: a canary compares two versions on one base",
                          hint=f"release onto {built[0]}/{built[1]}, or drop gates.canary for this release")
-    adapter_arms(server, model, production, production)  # the server, its key, its base, what it serves now
+    from release.signing.keys import trusted_keys  # noqa: PLC0415 - as the release itself reads them
+
+    trust = trusted_keys(cfg.signing, config_dir or Path("."))
+    # the server, its admin key, the base it runs (production's signed package bound to it), what it serves now
+    adapter_arms(server, model, production, production, registry, trust)
     assert server is not None
-    return CanaryPlan(config, server, production, config_dir)
+    return CanaryPlan(config, server, production, config_dir, trust)
 
 
 def run_release_canary(registry: Registry, plan: CanaryPlan, model: str, version: str, work: Path,
@@ -79,6 +86,7 @@ def run_release_canary(registry: Registry, plan: CanaryPlan, model: str, version
     from release.canary.cli import finish_report  # noqa: PLC0415
     from release.canary.registry_mode import adapter_canary  # noqa: PLC0415
 
-    arms = adapter_arms(plan.server, model, plan.production, registry.get_version(model, version))
+    arms = adapter_arms(plan.server, model, plan.production, registry.get_version(model, version), registry,
+                        plan.trust)
     result, extra = adapter_canary(registry, arms, False, plan.config, work, plan.base_dir, say, release_run)
     return {"outcome": result.outcome, "passed": result.passed, **finish_report(result, work, extra)}

@@ -44,7 +44,7 @@ def validate_adapter(backend: Backend, base_model_dir: Path, adapter_dir: Path, 
     candidate = backend.load_with_adapter(base_model_dir, adapter_dir)
     # The served tokenizer is the base's: an adapter trained with another tokenizer is refused here.
     parity = compare_tokenizers(candidate.encode, checkpoint / "tokenizer.json", [*prompts, *EDGE_STRINGS])
-    metrics = logit_metrics(refs, candidate)
+    metrics = logit_metrics(refs, candidate, thresholds.near_tie_nats)
     greedy, samples = greedy_metrics(candidate, prompts, [r.continuation for r in refs], thresholds.max_new_tokens)
     metrics.update(greedy)
     metrics["tokenizer_parity"] = 1.0 if parity.passed else 0.0

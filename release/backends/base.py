@@ -283,6 +283,22 @@ class Deploy:
 
 
 @dataclass(frozen=True)
+class AdapterMount:
+    """One pinned adapter version in a deployment: its package, pulled and verified by an init container
+    (`relctl pull --sha256`) into `package_dir` in the pod before the server starts."""
+
+    model: str         # its registered model: the name clients send as the OpenAI `model`
+    version: str
+    package_dir: str   # the verified package folder in the pod
+    rank: int          # its LoRA rank (the package's adapter_config.json `r`)
+
+    @property
+    def folder(self) -> str:
+        """The engine's adapter files: the package's model/ (release/core/package.py's layout)."""
+        return f"{self.package_dir}/model"
+
+
+@dataclass(frozen=True)
 class Deployment:
     """How one released package runs in a KServe InferenceService on one device, as its backend decides from
     the package's own small config files (`deploy_files`) and the memory figures its release recorded."""
@@ -509,9 +525,9 @@ class Backend(ABC):
         """`open_runner` with adapter serving on and `adapters` (name: exported folder) loaded."""
         raise InputError(f"{self.id} cannot serve LoRA adapters")
 
-    def adapter_deploy_args(self, adapters: Mapping[str, tuple[str, int]]) -> list[str]:
-        """The engine's own server args that serve `adapters` (served name: (folder in the pod, LoRA rank))
-        from its start, as open_adapter_runner starts it: what a deployment manifest adds to the base's."""
+    def adapter_deploy_args(self, adapters: Sequence[AdapterMount]) -> list[str]:
+        """The serving container's args that serve `adapters` (each under its registered model's name) from
+        its start, as open_adapter_runner starts them: what a deployment manifest adds to the base's."""
         raise InputError(f"{self.id} cannot serve LoRA adapters", hint="render the base alone (without --adapters)")
 
     # -- registry and deployment -------------------------------------------------------------------

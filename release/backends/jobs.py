@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,14 +90,28 @@ class Job:
     # Filled by a ScoringRunner's token loop when params.scored, read once the job has finished.
     prompt_scores: list[TokenScore] = field(default_factory=list)
     output_scores: list[TokenScore] = field(default_factory=list)
+    # Called once when the engine is done with the job (its Finished event is sent, on whichever path and
+    # thread): what the request holds for its whole run, e.g. a lease on its adapter, is given back then,
+    # even when nobody reads the events any more (the client left, the request timed out).
+    on_end: Callable[[], None] | None = None
 
     def emit(self, event: str | Finished) -> None:
+        if isinstance(event, Finished):
+            self.end()
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def end(self) -> None:
+        """Run `on_end` once (idempotent: a job may be ended by its Finished and by its submitter's failure)."""
+        callback, self.on_end = self.on_end, None
+        if callback is not None:
+            callback()
 
 
 def deliver(events: list[tuple[Job, str | Finished]]) -> None:
     """On the event loop: hand a batch of events to their jobs, in order (one wake-up for many tokens)."""
     for job, event in events:
+        if isinstance(event, Finished):
+            job.end()
         job.events.put_nowait(event)
 
 

@@ -2,33 +2,40 @@
 
 The base server (`relctl serve BASE@production --adapters`) serves the adapter's production version under
 the adapter's name (`tiny-llm-support`); the candidate version is loaded beside it under its pinned name
-(`tiny-llm-support:2`, POST /admin/adapters with the server's API key), and the router sends both arms to
-the same URL, rewriting each request's OpenAI `model` field to the arm's name. Judged exactly as every
+(`tiny-llm-support:2`, POST /admin/adapters with the server's admin key, RELCTL_ADMIN_KEY), and the router
+sends both arms to the same URL (with the completions key, RELCTL_API_KEY, when the server takes one),
+rewriting each request's OpenAI `model` field to the arm's name. Judged exactly as every
 canary (same judge, records and alias moves, release/canary/registry_mode.py). Afterwards the pinned name is
 unloaded; on a pass the adapter's own name is first switched to the new production version (the engine
 already holds it: no second load).
 
 Everything that can be wrong with the input is found before the candidate alias moves or traffic flows:
-no API key, a server that does not answer, one that runs another base version than the adapter was built
-for, one that does not serve the adapter's production version.
+no admin key, a server that does not answer, a version whose signed package binds it to another base than
+the one the server runs (release/adapters/trust.py, whatever the registry's tags say), a server that does
+not serve the adapter's production version.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from release.adapters.serving import KIND, pinned_name
+from release.adapters.trust import KIND, BaseIdentity, check_bound
 from release.core.errors import InputError, StageFailed
 from release.registry import tags as T
 from release.registry.records import VersionRecord
+from release.serving.adapters import pinned_name
+from release.serving.admin_client import AdminClient, AdminError
 
-API_KEY_ENV = "RELCTL_API_KEY"
-ADMIN_TIMEOUT_S = 300.0  # a load fetches and verifies the package, then the engine loads it
+if TYPE_CHECKING:
+    from release.registry import Registry
+    from release.signing.keys import Trust
+
+API_KEY_ENV = "RELCTL_API_KEY"   # the completions key the arms' traffic sends, when the server has one
 
 
 def is_adapter(mv: VersionRecord) -> bool:
@@ -37,13 +44,15 @@ def is_adapter(mv: VersionRecord) -> bool:
 
 @dataclass(frozen=True)
 class AdapterArms:
-    """Both arms on one base server: the URL, the `model` each arm's requests carry, the admin headers."""
+    """Both arms on one base server: the URL, the `model` each arm's requests carry, the completions key
+    their traffic sends (None: the server takes none), the admin client that pins and settles them."""
 
     url: str
     model: str
     production: str
     candidate: str
-    api_key: str
+    api_key: str | None
+    admin: AdminClient
 
     @property
     def names(self) -> dict[str, str]:
@@ -51,49 +60,36 @@ class AdapterArms:
 
     @property
     def headers(self) -> dict[str, dict[str, str]]:
-        auth = {"Authorization": f"Bearer {self.api_key}"}
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return {"production": auth, "candidate": auth}
-
-    def admin(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST an admin request; StageFailed (after the candidate alias moved: unwound by the caller)."""
-        try:
-            resp = httpx.post(self.url + path, json=body, headers=self.headers["production"], timeout=ADMIN_TIMEOUT_S)
-        except httpx.HTTPError as exc:
-            raise StageFailed(f"--server {self.url}{path}: {exc.__class__.__name__}: {exc}") from exc
-        if resp.status_code != 200:
-            raise StageFailed(f"--server {self.url}{path} {body}: HTTP {resp.status_code}: {resp.text[:300]}")
-        answer: dict[str, Any] = resp.json()
-        return answer
 
 
 def adapter_arms(server: str | None, model: str, production: VersionRecord, candidate: VersionRecord,
-                 api_key: str | None = None) -> AdapterArms:
-    """The arms on `server`, checked: both versions are adapters of the base version the server runs, and
-    the server serves `model` at its production version now. InputError (exit 2) otherwise, before traffic."""
+                 registry: Registry, trust: Trust, api_key: str | None = None,
+                 admin_key: str | None = None) -> AdapterArms:
+    """The arms on `server`, checked before traffic or any alias move: both versions are adapters whose
+    signed packages bind them to the base the server runs (as the server states it), and the server serves
+    `model` at its production version now. InputError (exit 2) otherwise."""
     if server is None:
         raise InputError(f"{model} is an adapter: its canary runs on the base server that serves it",
                          hint=f"relctl canary {model} --server http://HOST:PORT (relctl serve BASE@production "
-                              "--adapters, RELCTL_API_KEY set to its key)")
-    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
-    if not key:
-        raise InputError(f"--server: loading {model}'s candidate on the base needs the server's API key",
-                         hint=f"set {API_KEY_ENV} to the key the server was started with")
+                              "--adapters, RELCTL_ADMIN_KEY set to its admin key)")
+    admin = AdminClient.of(server, admin_key, f"--server: loading {model}'s candidate on the base")
     for mv in (production, candidate):
         if not is_adapter(mv):
             raise InputError(f"{model} v{mv.version} is not an adapter (tag {T.KIND})",
                              hint="a canary of a whole model runs without --server")
-    base = (production.tags.get(T.BASE_MODEL), production.tags.get(T.BASE_VERSION))
-    arms = AdapterArms(server.rstrip("/").removesuffix("/v1"), model, str(production.version),
-                       str(candidate.version), key)
-    served = _served_base(arms)
-    for mv in (candidate, production):
-        built = (mv.tags.get(T.BASE_MODEL), mv.tags.get(T.BASE_VERSION))
-        if built != served:
-            raise InputError(f"{model} v{mv.version} was built for {built[0]} v{built[1]}, but the server at "
-                             f"{arms.url} runs {served[0]} v{served[1]}",
-                             hint=f"point --server at the relctl serve of {base[0]}@production --adapters, or "
-                                  f"release the adapter onto {served[0]} v{served[1]} first")
-    now = _served_version(arms)
+    key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+    arms = AdapterArms(admin.url, model, str(production.version), str(candidate.version), key or None, admin)
+    listing = _listing(arms)
+    base = BaseIdentity.from_dict(listing.get("base"))
+    if base is None:
+        raise InputError(f"--server {arms.url} does not state the base it serves (GET /admin/adapters)",
+                         hint="run the base with this relctl: relctl serve BASE@production --adapters")
+    check_versions_bound(registry, trust, [candidate, production], base)
+    _check_traffic_key(arms)
+    now = next((str(e.get("version")) for e in listing.get("adapters", [])
+                if isinstance(e, dict) and e.get("served_name", e.get("model")) == model), None)
     if now != arms.production:
         where = f"serves {model} at v{now}" if now else f"does not serve {model}"
         raise InputError(f"the server at {arms.url} {where}; production is v{arms.production}",
@@ -102,48 +98,41 @@ def adapter_arms(server: str | None, model: str, production: VersionRecord, cand
     return arms
 
 
-def _get(arms: AdapterArms, path: str) -> Any:
+def check_versions_bound(registry: Registry, trust: Trust, versions: list[VersionRecord], base: BaseIdentity) -> None:
+    """Each version's package, verified (digest, signature, this version), bound to `base` by its manifest."""
+    from release.registry.versions import fetch_verified  # noqa: PLC0415 - signing: only for an adapter canary
+
+    with tempfile.TemporaryDirectory(prefix="relctl-canary-adapter-") as tmp:
+        for mv in {str(v.version): v for v in versions}.values():
+            package, _ = fetch_verified(registry, mv.name, str(mv.version), Path(tmp), mv, trust=trust)
+            check_bound(package, f"{mv.name} v{mv.version}", base)
+
+
+def _check_traffic_key(arms: AdapterArms) -> None:
+    """The arms' traffic is let in (the server's completions key, when it takes one): refused now, not judged
+    as errors of both arms later."""
+    import httpx  # noqa: PLC0415 - as the admin client
+
     try:
-        resp = httpx.get(arms.url + path, headers=arms.headers["production"], timeout=30)
+        status = httpx.get(arms.url + "/v1/models", headers=arms.headers["production"], timeout=30).status_code
     except httpx.HTTPError as exc:
-        raise InputError(f"--server {arms.url}: {exc.__class__.__name__}: {exc}",
+        raise InputError(f"--server {arms.url}/v1/models: {type(exc).__name__}: {exc}",
                          hint="is relctl serve BASE@production --adapters running there?") from exc
-    if resp.status_code in (401, 403):
-        raise InputError(f"--server {arms.url}{path}: HTTP {resp.status_code}: the API key was refused",
-                         hint=f"set {API_KEY_ENV} to the key the server was started with")
-    if resp.status_code == 404 and path.startswith("/admin"):
-        raise InputError(f"--server {arms.url} serves no adapters (HTTP 404 on {path})",
-                         hint="start it with relctl serve BASE@production --adapters")
-    if resp.status_code != 200:
-        raise InputError(f"--server {arms.url}{path}: HTTP {resp.status_code}: {resp.text[:200]}",
-                         hint="is relctl serve BASE@production --adapters running there?")
+    if status in (401, 403):
+        raise InputError(f"--server {arms.url}: the canary's traffic is refused (HTTP {status} on /v1/models)",
+                         hint=f"set {API_KEY_ENV} to the server's completions key (--api-key), not its admin key")
+
+
+def _listing(arms: AdapterArms) -> dict[str, Any]:
     try:
-        return resp.json()
-    except ValueError as exc:
-        raise InputError(f"--server {arms.url}{path}: not JSON", hint="point --server at relctl serve") from exc
-
-
-def _served_base(arms: AdapterArms) -> tuple[str | None, str | None]:
-    """(model, version) of the base the server runs, from the first card of its /v1/models."""
-    data = _get(arms, "/v1/models")
-    cards = data.get("data") if isinstance(data, dict) else None
-    if not cards or not isinstance(cards[0], dict):
-        raise InputError(f"--server {arms.url}: /v1/models lists no model", hint="point --server at relctl serve")
-    card = cards[0]
-    return card.get("root"), None if card.get("version") is None else str(card.get("version"))
-
-
-def _served_version(arms: AdapterArms) -> str | None:
-    data = _get(arms, "/admin/adapters")
-    for entry in data.get("adapters", []) if isinstance(data, dict) else []:
-        if isinstance(entry, dict) and entry.get("served_name", entry.get("model")) == arms.model:
-            return str(entry.get("version"))
-    return None
+        return arms.admin.listing()
+    except AdminError as exc:
+        raise InputError(exc.message, hint=exc.hint) from exc
 
 
 def load_candidate(arms: AdapterArms) -> dict[str, Any]:
     """The candidate version loaded beside production under its pinned name."""
-    return arms.admin("/admin/adapters", {"model": arms.names["candidate"]})
+    return arms.admin.pin(arms.names["candidate"])
 
 
 def settle(arms: AdapterArms, passed: bool, say: Callable[[str], None]) -> dict[str, Any]:
@@ -151,13 +140,13 @@ def settle(arms: AdapterArms, passed: bool, say: Callable[[str], None]) -> dict[
     shares the pinned name's load); then the pinned name is unloaded. Best effort past a failure (the
     outcome is in the registry already): what went wrong is returned, not raised."""
     done: dict[str, Any] = {}
-    steps: list[tuple[str, str, dict[str, Any]]] = []
+    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = []
     if passed:
-        steps.append(("switched", "/admin/adapters", {"model": arms.model}))
-    steps.append(("unloaded", "/admin/adapters/unload", {"model": arms.names["candidate"]}))
-    for label, path, body in steps:
+        steps.append(("switched", lambda: arms.admin.switch(arms.model)))
+    steps.append(("unloaded", lambda: arms.admin.unload(arms.names["candidate"])))
+    for label, step in steps:
         try:
-            answer = arms.admin(path, body)
+            answer = step()
             done[label] = {k: answer[k] for k in ("model", "version", "served_name", "unloaded") if k in answer}
         except StageFailed as exc:
             say(f"warning: {exc.message}")

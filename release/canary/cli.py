@@ -89,7 +89,7 @@ def apply_options(config: CanaryConfig, steps: str | None, step_requests: int | 
 @click.option("--version", "candidate_version", help="MODEL mode: put this version under canary (sets `candidate`).")
 @click.option("--server", "server_url", metavar="URL",
               help="MODEL is an adapter: the running `relctl serve BASE --adapters` both versions are served on "
-                   "(its API key in RELCTL_API_KEY).")
+                   "(its admin key in RELCTL_ADMIN_KEY; its completions key, if any, in RELCTL_API_KEY).")
 @click.option("-c", "--config", "config_path", type=click.Path(path_type=Path),
               help="release.yaml with a gates.canary block (default: the project's, else built-in defaults).")
 @click.option("--steps", help="Candidate share per step in percent, comma-separated, e.g. 10,25,50.")

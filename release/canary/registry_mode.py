@@ -60,14 +60,14 @@ def run_model_canary(model: str, candidate_version: str | None, config: CanaryCo
                          hint=f"relctl approve {model}/{candidate} --reason ..." if state == AWAITING_APPROVAL
                          else "release a new version: a rejected one never serves production")
     prod_mv = registry.get_version(model, production)
+    trust = project_trust(project_dir)
     if is_adapter(prod_mv) or server is not None:
-        # Checked against the running base (its version, what it serves) before any alias moves; the server
-        # verifies the candidate's package (digest, signature, built for its base) when it loads it.
-        arms = adapter_arms(server, model, prod_mv, registry.get_version(model, candidate))
+        # Checked against the running base (both signed packages bound to it, what it serves) before any alias
+        # moves; the server checks the candidate's package again when it loads it.
+        arms = adapter_arms(server, model, prod_mv, registry.get_version(model, candidate), registry, trust)
         return adapter_canary(registry, arms, aliases.get(CANDIDATE) != candidate, config, work, base_dir, say)
     packages = work / "packages"
     # Both verified (manifest digest and signature) before either is served or any alias moves.
-    trust = project_trust(project_dir)
     prod_pkg = fetch_package(registry, model, production, packages, trust=trust, warn=say).root
     cand_pkg = fetch_package(registry, model, candidate, packages, trust=trust, warn=say).root
     if aliases.get(CANDIDATE) != candidate:

@@ -32,7 +32,9 @@ def gate_result(gate_id: str, result: CanaryResult, work: Path, extra: dict[str,
                    checks=float(len(result.checks)))
     thresholds = [check for c in result.checks for m in c.judgement.metrics if (check := _threshold(c.label, m))]
     status: GateStatus = "pass" if result.passed else "fail"
-    reason = f"{result.outcome}: {result.reason}"
+    # The outcome prefixes the reason only where the status does not already say it (inconclusive, stopped):
+    # progress and the reports print "<status>: <reason>", and "pass: pass: ..." said it twice.
+    reason = result.reason if result.outcome == status else f"{result.outcome}: {result.reason}"
     if result.rollback_s is not None and result.outcome != "pass":
         reason += f"; candidate at 0% {result.rollback_s * 1000:.2f} ms after the failed check"
     return GateResult(gate_id, status, reason, metrics=metrics, thresholds=thresholds, evidence=evidence,

@@ -128,7 +128,6 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     for note in registry.reap_dead_runs(model):
         (progress or Progress(quiet=True)).note(note)
     verified: set[str] = set()
-    probed: set[tuple[str, str]] = set()
     trust = project_trust(project_dir)
 
     def verify(target: str) -> None:
@@ -139,16 +138,14 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
             package, verdict = fetch_verified(registry, model, target, Path(tmp), trust=trust,
                                               warn=(progress or Progress(quiet=False)).note)
         require_approved(registry, model, target, verdict, trust)
-        base = refuse_other_base(registry, model, target, package.data)  # an adapter: onto its base's production
+        bound = refuse_other_base(registry, model, target, package)  # an adapter: onto its base's production
         lap("verify")
         if server is not None:
-            if base is None:
+            if bound is None:
                 raise InputError(f"--server {server.url}: {model} is a whole model, not an adapter; nothing moved",
                                  hint=f"roll it back without --server (relctl rollback {model}), then redeploy it")
-            if base not in probed:
-                probe_server(server, model, base)  # before the alias moves: the switch can follow
-                probed.add(base)
-                lap("probe")
+            probe_server(server, f"{model} v{target}", package)  # before the alias moves: the switch can follow
+            lap("probe")
         verified.add(target)
 
     def check(target: str, aliases: dict[str, str]) -> None:
@@ -221,7 +218,8 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         package = verify_package(Path(spec))
         verdict = verify_signature(package.root, trust, Path(spec).name)
         return {"package": spec, "signature": verdict.status, "signed_by": verdict.signed_by,
-                "fingerprint": verdict.fingerprint, "provenance": verdict.provenance}
+                "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
+                **_adapter_binding(package, Path(spec).name, None)}
     ref = serve_ref(spec)
     registry = open_registry(project_dir)
     version = ref.version
@@ -230,11 +228,31 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         if found is None:
             raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.model}")
         version = str(found.version)
+    mv = registry.get_version(ref.model, version)
     with tempfile.TemporaryDirectory() as tmp:
-        _package, verdict = fetch_verified(registry, ref.model, version, Path(tmp), trust=trust)
+        package, verdict = fetch_verified(registry, ref.model, version, Path(tmp), mv, trust=trust)
+        bound = _adapter_binding(package, f"{ref.model} v{version}", mv)
     return {"model": ref.model, "version": version, "signature": verdict.status, "signed_by": verdict.signed_by,
             "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
-            "approval": _verified_approval(registry.get_version(ref.model, version).tags, trust, ref.model, version)}
+            "approval": _verified_approval(mv.tags, trust, ref.model, version), **bound}
+
+
+def _adapter_binding(package: Any, label: str, mv: Any) -> dict[str, Any]:
+    """{"adapter_of": the base an adapter's signed manifest binds it to} ({} for a whole model); exit 2 when
+    the version's registry tags name another base (they were changed after release: every reader follows the
+    manifest and refuses the adapter on the base the tags name)."""
+    from release.adapters.trust import KIND, binding_of, tags_disagree  # noqa: PLC0415 - as above
+
+    if package.data.get("kind") != KIND:
+        return {}
+    bound = binding_of(package, label)
+    wrong = tags_disagree(mv, bound) if mv is not None else None
+    if wrong:
+        raise InputError(f"{label}: its signed package binds it to {bound.describe()}, but its registry tags say "
+                         f"otherwise: {wrong}; the tags were changed after release",
+                         hint=f"serve, render, canary and rollback follow the signed package and refuse it on any "
+                              f"other base; restore the tags to {bound.model} v{bound.version}")
+    return {"adapter_of": bound.to_dict()}
 
 
 def _verified_approval(tags: dict[str, str], trust: Any, model: str, version: str) -> dict[str, Any] | None:
@@ -330,7 +348,8 @@ def engine_labels(model: str, project_dir: Path) -> dict[str, str]:
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     """Aliases → versions with lineage and gate summary; base <-> adapters and the running servers
     (release/commands/serving_view.py); with no model, the registered models."""
-    from release.commands import serving_view  # noqa: PLC0415 - only a status of one model
+    from release.adapters.trust import KIND  # noqa: PLC0415 - only a status of one model
+    from release.commands import serving_view  # noqa: PLC0415 - as above
 
     if model is not None:
         check_model_name(model, "model")
@@ -370,7 +389,7 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "model_uri": links.model_uri(model, version),
             "link": links.version_link(registry.store.tracking_uri, model, version),
         }
-    if any(mv.tags.get(T.KIND) == serving_view.ADAPTER_KIND for mv in aliased.values()):
+    if any(mv.tags.get(T.KIND) == KIND for mv in aliased.values()):
         view = serving_view.adapter_view(registry, aliased)
         out["adapter_of"] = view["base"]
     else:

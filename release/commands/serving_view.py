@@ -15,20 +15,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from release.adapters.trust import KIND
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.records import ModelRecord, VersionRecord
 from release.registry.servers import ServerRecord, servers_of
 
-ADAPTER_KIND = "adapter"
-
 
 def adapter_productions(registry: Registry, base_model: str) -> dict[str, VersionRecord]:
     """The production version of every adapter with a version built for `base_model` (any version of it)."""
     found = {}
-    for name in registry.models_tagged({T.KIND: ADAPTER_KIND, T.BASE_MODEL: base_model}):
+    for name in registry.models_tagged({T.KIND: KIND, T.BASE_MODEL: base_model}):
         mv = registry.version_for(name, PRODUCTION)
-        if mv is not None and mv.tags.get(T.KIND) == ADAPTER_KIND and mv.tags.get(T.BASE_MODEL) == base_model:
+        if mv is not None and mv.tags.get(T.KIND) == KIND and mv.tags.get(T.BASE_MODEL) == base_model:
             found[name] = mv
     return found
 

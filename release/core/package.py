@@ -80,6 +80,11 @@ class PackageManifest:
         entry = self.data.get("backend")
         return str(entry["id"]) if isinstance(entry, dict) and entry.get("id") else LEGACY_BACKEND
 
+    @property
+    def content_sha256(self) -> str:
+        """Identity of what is served: the sha256 of every file but the manifest (the version's
+        relctl.package_content_sha256, and what an adapter's manifest binds its base package by)."""
+        return sha256_json(self.files)
 
 
 def backend_entry(backend: Backend) -> dict[str, str]:

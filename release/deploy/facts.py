@@ -64,23 +64,21 @@ def read_version_facts(registry: Registry, model: str, version: str) -> VersionF
     return VersionFacts(model, version, backend, files, memory, mv.tags.get(T.OCI_DIGEST) or None)
 
 
+def version_manifest(registry: Registry, mv: VersionRecord) -> dict[str, Any]:
+    """The version's package manifest alone (what its package says it is), checked against the digest the
+    registry recorded at release."""
+    with tempfile.TemporaryDirectory(prefix="relctl-render-") as tmp:
+        return _manifest(registry, mv, Path(tmp))[1]
+
+
 def package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """The package's small config files, verified: the manifest against the registry's digest, each file
     against the manifest. Only these are downloaded, never the weights."""
     label = f"{mv.name} v{mv.version}"
-    uri = package_uri(dict(mv.tags))
-    anchor = mv.tags.get(T.MANIFEST_SHA256)
-    if not uri or not anchor:
-        raise InputError(f"{label} was not released by relctl (no {T.RELEASE_RUN} or {T.MANIFEST_SHA256} tag)",
-                         hint="render a version that relctl promote or relctl register recorded")
     out: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="relctl-render-") as tmp:
-        (Path(tmp) / "manifest").mkdir()
-        manifest_path = registry.download_uri(f"{uri}/{MANIFEST}", Path(tmp) / "manifest")
-        if sha256_file(manifest_path) != anchor:
-            raise InputError(f"{label}: {MANIFEST} differs from the manifest recorded in the registry at release",
-                             hint=f"relctl verify {mv.name}/{mv.version} names what changed")
-        listed: dict[str, str] = load_manifest_data(manifest_path)["files"]
+        uri, data = _manifest(registry, mv, Path(tmp))
+        listed: dict[str, str] = data["files"]
         for rel in wanted:
             if rel not in listed:
                 continue
@@ -91,3 +89,19 @@ def package_files(registry: Registry, mv: VersionRecord, wanted: tuple[str, ...]
                                  hint=f"relctl verify {mv.name}/{mv.version} names what changed")
             out[rel] = load_json(local, "rebuild the package", label=f"{label}: {rel}")
     return out
+
+
+def _manifest(registry: Registry, mv: VersionRecord, tmp: Path) -> tuple[str, dict[str, Any]]:
+    """(the package's URI, its manifest's data), the manifest downloaded into `tmp` and checked."""
+    label = f"{mv.name} v{mv.version}"
+    uri = package_uri(dict(mv.tags))
+    anchor = mv.tags.get(T.MANIFEST_SHA256)
+    if not uri or not anchor:
+        raise InputError(f"{label} was not released by relctl (no {T.RELEASE_RUN} or {T.MANIFEST_SHA256} tag)",
+                         hint="render a version that relctl promote or relctl register recorded")
+    (tmp / "manifest").mkdir()
+    manifest_path = registry.download_uri(f"{uri}/{MANIFEST}", tmp / "manifest")
+    if sha256_file(manifest_path) != anchor:
+        raise InputError(f"{label}: {MANIFEST} differs from the manifest recorded in the registry at release",
+                         hint=f"relctl verify {mv.name}/{mv.version} names what changed")
+    return uri, load_manifest_data(manifest_path)

@@ -200,7 +200,7 @@ def render_kserve(spec: str | VersionFacts, options: KServeOptions, template: st
     if adapters:
         from release.deploy.kserve_adapters import add_adapters  # noqa: PLC0415 - adapters only
 
-        add_adapters(manifest, adapters, facts.backend)
+        add_adapters(manifest, adapters, facts.backend, options.image, deployment.own_engine)
     return manifest
 
 

@@ -8,6 +8,9 @@ A gate is a class with
     run(context) -> GateResult
     preflight(config_dir) -> list[Problem]   (optional) every file its block names, checked in
              milliseconds before any stage runs, so a typo is exit 2 at once, not a blocked release later
+    warnings(config_dir, eval_dataset) -> list[str]   (optional) what is legal but likely wrong in the data it
+             will read (`eval_dataset`: the run's eval set when it logged one), printed by `relctl check`
+             and promote as warnings, never refused
 and is constructed with its validated Config: `Gate(config)`.
 """
 
@@ -33,7 +36,7 @@ NON_BLOCKING: frozenset[str] = frozenset({"pass", "skipped"})
 GatePhase = Literal["before_register", "after_register"]
 
 __all__ = ["NON_BLOCKING", "Gate", "GateContext", "GatePhase", "GateResult", "GateStatus", "Problem", "ProductionRef",
-           "ThresholdCheck", "blocks", "gate_phase", "missing_file", "preflight"]
+           "ThresholdCheck", "blocks", "data_warnings", "gate_phase", "missing_file", "preflight", "wants_data"]
 
 
 def blocks(status: str) -> bool:
@@ -124,6 +127,17 @@ def missing_file(key: str, value: str | Path, config_dir: Path | None) -> Proble
 def preflight(gate: Gate, config_dir: Path | None) -> list[Problem]:
     check = getattr(gate, "preflight", None)
     return list(check(config_dir)) if check is not None else []
+
+
+def data_warnings(gate: Gate, config_dir: Path | None, eval_dataset: Path | None) -> list[str]:
+    """The gate's `warnings` hook, when it has one: what it finds likely wrong in its data."""
+    check = getattr(gate, "warnings", None)
+    return list(check(config_dir, eval_dataset)) if check is not None else []
+
+
+def wants_data(gate: Gate) -> bool:
+    """Whether the gate reads data for warnings (so the run's eval set is worth downloading for it)."""
+    return callable(getattr(gate, "warnings", None))
 
 
 def gate_phase(gate: Gate) -> GatePhase:

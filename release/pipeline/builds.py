@@ -18,6 +18,7 @@ from release.config import ReleaseConfig
 from release.core.errors import InputError
 from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PackageManifest, verify_package
+from release.gating.reference import ReferenceModel, cache_dir_of
 from release.pipeline.report import ReleaseReport
 from release.pipeline.runner import Done, Pipeline
 from release.stages import register as reg
@@ -121,4 +122,5 @@ def reference_loader(reference: Done[Any], candidate: Done[ConvertOutputs],
     holds summaries, not a model), else the fp32 build."""
     backend = get_backend(candidate.result.backend)
     folder = checkpoint if isinstance(reference.result, ReferenceResult) else reference.path(reference.result.model)
-    return lambda: backend.load_reference(folder)
+    # What gates compute on it is kept by its content digest beside the stage folders (scored once per release).
+    return ReferenceModel(folder, backend.load_reference, cache_dir_of(reference.dir.parent))

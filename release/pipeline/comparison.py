@@ -17,6 +17,7 @@ from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import Blocked
 from release.core.progress import Progress
 from release.gating.contract import Gate, GateContext
+from release.gating.reference import cache_dir_of
 from release.pipeline.builds import Builds
 from release.pipeline.engines import Comparison, EngineBuild, decide
 from release.pipeline.precision_search import measure
@@ -66,7 +67,8 @@ def compare_in_release(cfg: ReleaseConfig, builds: Builds, name: str, report: Re
     judging = GateContext(model_name=name, package_dir=builds.checkpoint, work_dir=intake.dir.parent / "precision",
                           production=None, config_dir=builds.config_dir,
                           eval_dataset=intake.path(intake.result.eval_data) if intake.result.eval_data else None)
-    comparison = measure(cfg, gates, build, context, progress, builds.checkpoint, judging)  # precision: auto too
+    comparison = measure(cfg, gates, build, context, progress, builds.checkpoint, judging,  # precision: auto too
+                         cache_dir_of(intake.dir.parent))
     try:
         chosen = decide(comparison, cfg)
     except Blocked as exc:

@@ -25,10 +25,10 @@ from release.backends import AUTO, Backend, available_backends, choose_backend, 
 from release.backends.families import check_supported
 from release.config import ReleaseConfig
 from release.core.checkpoint import PICKLE_SUFFIXES
-from release.core.errors import InputError, InputProblems
+from release.core.errors import InputError, InputProblems, ReleaseError
 from release.core.jsonfile import load_json
 from release.core.model_name import bad_model_name
-from release.gating.contract import Gate, Problem, missing_file, preflight
+from release.gating.contract import Gate, Problem, data_warnings, missing_file, preflight, wants_data
 from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
@@ -184,6 +184,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(EVAL_ARTIFACT in listed, f"the eval gate needs an eval set: run '{run_id}' has no {EVAL_ARTIFACT}",
              "log data/eval.jsonl with the run or set gates.eval.dataset in release.yaml")
     report.problems += [p for gate in gates for p in preflight(gate, config_dir)]
+    report.warnings += gate_data_warnings(registry, run_id, gates, config_dir, report.found["eval_data"])
     key_problem = signing_problem(cfg.signing, config_dir or Path.cwd())  # a bad key fails here, not at register
     if key_problem is not None:
         report.problems.append(Problem(*key_problem))
@@ -196,6 +197,22 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
                                "cannot be traced to its data")
     return report
 
+
+
+def gate_data_warnings(registry: Registry, run_id: str, gates: list[Gate], config_dir: Path | None,
+                       run_has_eval_set: bool) -> list[str]:
+    """What the gates find likely wrong in the data they will read (their `warnings` hook), e.g. expected
+    strings that already start with the eval gate's separator. The run's eval set is downloaded for them
+    (one small file) only when a gate reads data for warnings."""
+    readers = [gate for gate in gates if wants_data(gate)]
+    if not readers:
+        return []
+    with tempfile.TemporaryDirectory(prefix="relctl-eval-") as tmp:
+        try:
+            eval_set = registry.download_run_artifact(run_id, EVAL_ARTIFACT, Path(tmp)) if run_has_eval_set else None
+        except ReleaseError:
+            eval_set = None  # intake downloads it again and says what is wrong; a warning is no place for it
+        return [warning for gate in readers for warning in data_warnings(gate, config_dir, eval_set)]
 
 
 def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, report: ContractReport) -> str | None:
@@ -225,7 +242,7 @@ def stranding_problems(registry: Registry, cfg: ReleaseConfig, model: str) -> li
     production = registry.version_for(model, PRODUCTION)
     if production is None:
         return []
-    from release.adapters.serving import production_adapters  # noqa: PLC0415 - one tag search: adapters only
+    from release.adapters.trust import production_adapters  # noqa: PLC0415 - one tag search: adapters only
 
     stranded = production_adapters(registry, model, str(production.version))
     if not stranded:

@@ -9,13 +9,15 @@ the rate the gate judged, where the SLOs still hold). One row per engine:
     engine | precision | top-1 / KL vs reference | TTFT p99 | TPOT p99 | at rate | output tok/s | $/M tokens
            | memory per replica (the stage's plan) | cold start (the engine's load time in `relctl serve`)
 
-With `convert.backend: auto` the release takes the cheapest row that met quality and the SLOs (ties go to
-the engine listed first); every other row says why it was not taken. With an explicit backend the table
-is evidence beside the release and selects nothing.
+With `convert.backend: auto` the release takes the cheapest row that met quality and the SLOs and that no
+other such row dominates on cost and paired quality (release/pipeline/ranking.py: ties break by paired
+quality, then memory); every other row says why it was not taken. With an explicit backend the table is
+evidence beside the release and selects nothing.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,6 +31,9 @@ from release.core.units import size
 from release.gating.contract import Gate, GateContext, GateResult, Problem
 from release.gating.plugins import run_gate
 from release.pipeline.frontier import frontier_section
+from release.pipeline.ranking import capped_note, pick, tied, why_not
+
+__all__ = ["Comparison", "EngineBuild", "EngineRow", "choose", "compare_engines", "decide", "tied"]
 
 LOAD_GATE = "load"
 
@@ -59,6 +64,13 @@ class EngineRow:
     # Relative spread of output tok/s between the judged step and the same seeded plan sent again right after:
     # this row's repeat noise; rows whose costs differ by less than their noises together are a tie.
     noise: float | None = None
+    # The load test never saturated the engine (every sweep step met the SLOs, or one fixed rate was offered):
+    # its cost prices the offered load; two such rows at one hourly price are a tie (release/pipeline/ranking.py).
+    capped: bool = False
+    cost_per_hour: float | None = None        # the price the cost was computed with (GPUs x price per hour)
+    # Under precision: auto, the paired difference from the fp32 reference on the first margin metric
+    # (oriented: positive is better): what a tie on cost is broken by, and the frontier's quality axis.
+    quality: float | None = None
 
     @property
     def label(self) -> str:
@@ -73,6 +85,7 @@ class EngineBuild:
     package_dir: Path | None = None
     memory: dict[str, Any] | None = None
     content_sha256: str | None = None
+    quality: float | None = None             # the paired quality a precision search measured (EngineRow.quality)
 
 
 @dataclass
@@ -158,14 +171,20 @@ def compare_engines(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[Engi
         _quality(row, built.validation)
         row.memory_per_replica_bytes = _int((built.memory or {}).get("per_replica_bytes"))
         row.package_content_sha256 = built.content_sha256
+        row.quality = built.quality
         if built.package_dir is None:
             continue
         measuring = _for_comparison(gate, entry)
-        result = run_gate(measuring, context(entry, built.package_dir))
-        progress.note(f"engines: {row.label}: load {result.status}: {result.reason}")
+        started = time.perf_counter()
+        with progress.stage(f"load {row.label}"):
+            result = run_gate(measuring, context(entry, built.package_dir))
+        # A verdict line, marked by its outcome (a passing load test is no warning).
+        progress.done(f"load {row.label}", time.perf_counter() - started, f"{result.status}: {result.reason}",
+                      outcome=result.status)
         _load(row, result)
         row.limited_by = limited_by(result, built.memory)
         row.noise = repeat_noise(result)
+        row.capped = capped(result)
         if entry.gpu_price_per_hour is None:  # the gate as configured (plus one repeated step): reusable
             load_results[row.label] = result
     return Comparison("auto" if cfg.convert.backend == AUTO else "fixed", rows, None, plan=_plan(gate),
@@ -185,10 +204,12 @@ def decide(comparison: Comparison, cfg: ReleaseConfig) -> EngineRow | None:
 
 
 def choose(comparison: Comparison) -> EngineRow:
-    """The cheapest row that met quality and the SLOs; every other row gets its reason. Blocked when none did.
+    """The cheapest row that met quality and the SLOs and that no other such row dominates on cost and paired
+    quality (release/pipeline/ranking.py); every other row gets its reason. Blocked when none qualifies.
 
-    Rows whose cost is within measured repeat noise of the cheapest (`tied`) are a tie: the first of them in
-    engines: order is taken and the others say so, so two runs back to back choose the same engine."""
+    Costs within measured repeat noise, or both capped at the load test's top rate, are a tie: broken by paired
+    quality, then memory per replica, never by list order while those differ. A capped load test is said on
+    the chosen line, with the fix."""
     rows = comparison.rows
     for row in rows:
         if row.rejected is None and row.slo_met and row.cost_per_million_tokens is None:
@@ -199,41 +220,31 @@ def choose(comparison: Comparison) -> EngineRow:
         raise Blocked(f"engines: no engine meets quality and the SLOs ({reasons})",
                       hint="relax the SLOs or validation thresholds, add an engine or precision, or plan more "
                            "hardware; the engines table in the report has every number")
-    cheapest = min(eligible, key=_cost)  # min() keeps listed order on equal costs
-    chosen = next(r for r in eligible if tied(r, cheapest))  # the first listed of the cheapest's tie
-    best = _cost(chosen)
+    chosen = pick(eligible)
     for row in eligible:
-        if row is chosen:
-            continue
-        cost = _cost(row)
-        ratio = f" ({cost / best:.2f}x)" if best > 0 else ""
-        if tied(row, chosen):
-            row.rejected = (f"tie with {chosen.label}: ${cost:.4g} vs ${best:.4g}{ratio}, within the measured repeat "
-                            f"noise (±{_band(row, chosen):.0%}); {chosen.label} is listed first")
-        else:
-            row.rejected = f"dearer: ${cost:.4g} per million output tokens vs ${best:.4g}{ratio}"
+        if row is not chosen:
+            row.rejected = why_not(row, chosen, eligible)
     comparison.chosen = chosen
     ties = [r.label for r in eligible if r is not chosen and tied(r, chosen)]
-    comparison.why = [f"chosen: {chosen.label}, the cheapest that met quality and the SLOs: ${best:.4g} per "
-                      f"million output tokens at {_num(chosen.rate)} req/s"
-                      + (f" (a tie with {', '.join(ties)} within measured noise: the first listed)" if ties else ""),
+    by = "paired quality, then memory per replica" if chosen.quality is not None else "memory per replica"
+    named = ", ".join(ties) if len(ties) <= 2 else f"{len(ties)} others (each row says why)"
+    broken = f" (a tie with {named}: broken by {by})" if ties else ""
+    quality = f", paired quality {chosen.quality:+.4f}" if chosen.quality is not None else ""
+    capped_line = capped_note(eligible, swept=bool(comparison.plan.get("sweep")))
+    comparison.why = [f"chosen: {chosen.label}, the cheapest that met quality and the SLOs and that no other "
+                      f"dominates: ${_cost(chosen):.4g} per million output tokens at {_num(chosen.rate)} req/s"
+                      f"{quality}{broken}" + (f"; {capped_line}" if capped_line else ""),
                       *(f"not {r.label}: {r.rejected}" for r in rows if r is not chosen)]
     return chosen
 
 
-def tied(row: EngineRow, other: EngineRow) -> bool:
-    """Costs within both rows' measured repeat noise: their order is what the machine's noise decides. Rows
-    without a repeat measurement (no sweep) never tie: there is no noise figure to call it."""
-    if row is other:
-        return True
-    if row.noise is None or other.noise is None:
+def capped(result: GateResult) -> bool:
+    """The load test never saturated the engine: no step of its sweep failed (it reached the top rate), or it
+    offered one fixed rate and kept up."""
+    if result.status != "pass":
         return False
-    low, high = sorted((_cost(row), _cost(other)))
-    return low > 0 and high / low - 1 <= _band(row, other)
-
-
-def _band(row: EngineRow, other: EngineRow) -> float:
-    return float(row.noise or 0.0) + float(other.noise or 0.0)
+    limit = result.details.get("limit")
+    return limit is None or limit.get("rate") is None
 
 
 def _cost(row: EngineRow) -> float:
@@ -295,6 +306,7 @@ def _load(row: EngineRow, result: GateResult) -> None:
     row.tpot_p99_ms = _float(metrics.get("tpot_p99_ms"))
     row.output_tokens_per_s = _float(metrics.get("output_token_throughput"))
     row.cost_per_million_tokens = _float(metrics.get("cost_per_million_tokens"))
+    row.cost_per_hour = _float(metrics.get("cost_per_hour"))
     row.cold_start_s = _float((result.details.get("server") or {}).get("load_time_s"))
     row.load_reason = result.reason
     if not row.slo_met and row.rejected is None:

@@ -1,8 +1,9 @@
 """The precision frontier: each variant's quality difference from the fp32 reference (with its interval)
 against its $/M output tokens, which variants no other beats on both, and why each was not taken.
 
-Rows are read from the engines comparison's rows (duck-typed: engine, precision, cost, rejected) and the
-paired verdicts by row label; this module renders, it decides nothing.
+Rows are read from the engines comparison's rows (duck-typed: engine, precision, cost, rejected, ...) and the
+paired verdicts by row label; this module renders, it decides nothing (the dominance it marks is
+release/pipeline/ranking.py's, the rule the choice uses).
 """
 
 from __future__ import annotations
@@ -10,36 +11,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from release.pipeline.ranking import dominates
+
 
 def frontier_rows(rows: Sequence[Any], paired: dict[str, dict[str, Any]], chosen: Any) -> list[dict[str, Any]]:
     """One entry per variant, cheapest first (unpriced last): its paired difference per metric, cost,
-    whether it is on the frontier (no other passing variant is both cheaper and better on the first metric),
-    the verdict."""
+    whether it is on the frontier (no other passing variant dominates it on cost and paired quality, by the
+    rule the choice uses: release/pipeline/ranking.py), the verdict."""
+    passing = [r for r in rows if (paired.get(r.label) or {}).get("outcome") == "non_inferior" and r.slo_met
+               and r.cost_per_million_tokens is not None]
     out = []
     for row in rows:
-        label = f"{row.engine} {row.precision}"
-        verdict = paired.get(label)
+        verdict = paired.get(row.label)
         out.append({"engine": row.engine, "precision": row.precision,
                     "paired": None if verdict is None else verdict["outcome"],
                     "metrics": {} if verdict is None else verdict["metrics"],
-                    "top1_agreement": row.top1_agreement, "mean_kl": row.mean_kl,
-                    "cost_per_million_tokens": row.cost_per_million_tokens,
+                    "quality": row.quality, "top1_agreement": row.top1_agreement, "mean_kl": row.mean_kl,
+                    "cost_per_million_tokens": row.cost_per_million_tokens, "capped": row.capped,
+                    "memory_per_replica_bytes": row.memory_per_replica_bytes,
+                    "on_frontier": row in passing and not any(dominates(o, row) for o in passing),
                     "chosen": row is chosen, "why_not": None if row is chosen else row.rejected})
-    passing = [e for e in out if e["paired"] == "non_inferior" and e["cost_per_million_tokens"] is not None]
-    for entry in out:
-        entry["on_frontier"] = entry in passing and not any(_dominates(o, entry) for o in passing if o is not entry)
     return sorted(out, key=lambda e: (e["cost_per_million_tokens"] is None, e["cost_per_million_tokens"] or 0.0))
 
 
-def _first_difference(entry: dict[str, Any]) -> float:
-    metrics = entry["metrics"]
-    return float(next(iter(metrics.values()))["difference"]) if metrics else float("-inf")
-
-
-def _dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    cost_a, cost_b = a["cost_per_million_tokens"], b["cost_per_million_tokens"]
-    diff_a, diff_b = _first_difference(a), _first_difference(b)
-    return cost_a <= cost_b and diff_a >= diff_b and (cost_a < cost_b or diff_a > diff_b)
+def first_difference(verdict: dict[str, Any]) -> float | None:
+    """A paired verdict's quality on one axis: the oriented difference of its first metric (gates.eval.margins
+    order), positive is better."""
+    metrics = verdict.get("metrics") or {}
+    return float(next(iter(metrics.values()))["difference"]) if metrics else None
 
 
 def frontier_section(search: dict[str, Any] | None) -> list[str]:
@@ -49,7 +48,10 @@ def frontier_section(search: dict[str, Any] | None) -> list[str]:
         return []
     lines = ["#### Precision frontier (precision: auto)",
              "Quality is the paired difference from the fp32 reference (candidate - reference, oriented so "
-             "that negative is worse) with its interval, against the margin; cost at the SLO.", "",
+             "that negative is worse) with its interval, against the margin; cost at the SLO. On the frontier: "
+             "no other passing variant costs no more (a tie within repeat noise, or both capped at the sweep's "
+             "top rate, counts as equal) with paired quality no worse on the first margin metric; the release "
+             "is the cheapest of these, a tie going to the better quality, then the smaller memory.", "",
              "| variant | paired eval | difference [interval] (margin) | $ per M output tokens | frontier | "
              "verdict |", "|---|---|---|---|---|---|"]
     for entry in search.get("frontier", []):
@@ -63,9 +65,12 @@ def frontier_section(search: dict[str, Any] | None) -> list[str]:
     lines += ["", *sensitivity_lines(search.get("sensitivity"))]
     cost = search.get("cost") or {}
     if cost.get("ratio") is not None:
-        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['parts_s']:.1f} s of builds "
-                     f"(with their validations) and evals ({cost['ratio']:.2f}x; the load tests took "
-                     f"{cost.get('load_tests_s', 0):.1f} s of it)")
+        every = cost.get("ratio_with_load_tests")
+        lines.append(f"- search cost: {cost['wall_s']:.1f} s wall against {cost['builds_s']:.1f} s of builds (with "
+                     f"their validations), {cost['evals_s']:.1f} s of evals (the reference scored once among them) "
+                     f"and {cost.get('load_tests_s', 0):.1f} s of load tests: "
+                     + (f"{every:.2f}x their sum, " if every is not None else "")
+                     + f"{cost['ratio']:.2f}x the builds and evals alone")
     return [*lines, ""]
 
 

@@ -14,8 +14,11 @@ The engines comparison
    layer, lm_head) alone at int4 with the rest at int8, the KL it adds over the int8 build, and one retry
    with the worst units at int8.
 
-The comparison chooses as with `convert.backend: auto`: the cheapest $/M output tokens at the SLO among the
-variants that passed. The report, card and job summary carry the frontier (release/pipeline/frontier.py).
+The comparison chooses as with `convert.backend: auto` (release/pipeline/ranking.py): among the variants that
+passed, the cheapest $/M output tokens at the SLO that no other passing variant dominates on cost and paired
+quality; a tie on cost (within repeat noise, or both capped at the sweep's top rate) goes to the better paired
+quality, then the smaller memory. The report, card and job summary carry the frontier
+(release/pipeline/frontier.py).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,8 +36,9 @@ from release.config import EngineConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.progress import Progress
 from release.gating.contract import Gate, GateContext, Problem
+from release.gating.reference import ReferenceModel
 from release.pipeline.engines import Comparison, EngineBuild, EngineRow, compare_engines, load_gate
-from release.pipeline.frontier import frontier_rows
+from release.pipeline.frontier import first_difference, frontier_rows
 
 EVAL_GATE = "eval"
 # The worst units retried at int8: the fewest, largest first, that hold this share of the KL all units add.
@@ -45,6 +49,9 @@ class Judge(Protocol):
     """The eval gate's paired judge (gates/precision_eval.py), reached through the gate object."""
 
     seconds: dict[str, float]
+    reference_reused: bool | None
+
+    def reference_scores(self) -> object: ...
 
     def judge(self, label: str, package_dir: Path) -> dict[str, Any]: ...
 
@@ -160,11 +167,15 @@ def search(cfg: ReleaseConfig, config: dict[str, Any], gates: list[Gate],
         if built.package_dir is None:  # refused by validation: no paired eval, no load test
             return built
         label = f"{entry.backend} {entry.precision}"
-        found = paired[label] = judge.judge(label, built.package_dir)
-        progress.note(f"precision: {label}: paired eval {found['outcome']}: {found['reason']}")
-        if found["outcome"] == "non_inferior":
+        score_reference(judge, progress)
+        with progress.stage(f"paired eval {label}"):
+            found = paired[label] = judge.judge(label, built.package_dir)
+        passed = found["outcome"] == "non_inferior"
+        progress.done(f"paired eval {label}", judge.seconds.get(label, 0.0),
+                      f"{found['outcome']}: {found['reason']}", outcome="pass" if passed else "fail")
+        if passed:
             loading.append((label, time.perf_counter()))
-            return built
+            return replace(built, quality=first_difference(found))
         refused = {**built.validation, "passed": False,
                    "failures": [f"paired eval vs the fp32 reference: {found['outcome']}: {found['reason']}"]}
         return EngineBuild(refused, None, built.memory, built.content_sha256)  # early stop: no load test
@@ -193,10 +204,24 @@ def search(cfg: ReleaseConfig, config: dict[str, Any], gates: list[Gate],
                             cost=cost_summary(wall, parts))
 
 
+def score_reference(judge: Judge, progress: Progress) -> None:
+    """The fp32 reference's eval rows, scored once (or reused from the release's cache) before the first
+    paired eval, as a step of its own: the longest silent part of a search before it printed progress."""
+    if judge.reference_reused is not None:
+        return
+    with progress.stage("reference eval"):
+        judge.reference_scores()
+    seconds = judge.seconds.get("reference", 0.0)
+    how = "reused from this release's reference cache" if judge.reference_reused else \
+        "the fp32 reference's eval rows scored once, shared by every paired eval and the eval gate"
+    progress.done("reference eval", seconds, how)
+
+
 def cost_summary(wall: float, parts: dict[str, float]) -> dict[str, Any]:
-    """The search's wall time against its parts measured in the same run: `ratio` against its builds (convert,
-    validate, memory, package) and evals (the reference scored once, each paired eval), the issue's measure;
-    `ratio_with_load_tests` against every part, load tests included (what is left is the search's own cost)."""
+    """The search's wall time against its parts measured in the same run: `ratio_with_load_tests` against every
+    part (builds: convert, validate, memory, package; evals: the reference scored once, each paired eval; and
+    the load tests, the evaluation of cost: what is left is the search's own overhead, issue 38's goal of at
+    most 1.2x), and `ratio` against the builds and evals without the load tests."""
     def total(prefixes: tuple[str, ...]) -> float:
         return sum(v for k, v in parts.items() if k.startswith(prefixes))
 
@@ -272,15 +297,16 @@ def worst_units(added: dict[str, float]) -> list[str]:
 
 def measure(cfg: ReleaseConfig, gates: list[Gate], build: Callable[[EngineConfig], EngineBuild],
             context: Callable[[EngineConfig, Path], GateContext], progress: Progress, checkpoint: Path,
-            judging: GateContext) -> Comparison:
+            judging: GateContext, reference_cache: Path | None = None) -> Comparison:
     """The engines comparison, or under `precision: auto` the search (promote's one call). `judging` is the
     eval gate's context (its eval set, release.yaml's folder); the reference is the merged checkpoint in
-    PyTorch at fp32, the one validation's reference is computed from, scored once."""
+    PyTorch at fp32, the one validation's reference is computed from, scored once per release: kept in
+    `reference_cache` by content digest (release/gating/reference.py), where the eval gate finds it."""
     if not searches(cfg):
         return compare_engines(cfg, gates, build, context, progress)
     from release.backends.torch_reference import TorchReference  # noqa: PLC0415 - loads torch
     from release.core.checkpoint import read_config  # noqa: PLC0415
 
     eval_gate: Any = next(g for g in gates if g.id == EVAL_GATE)  # search_problems refused a search without it
-    judge: Judge = eval_gate.paired_judge(judging, lambda: TorchReference(checkpoint))
+    judge: Judge = eval_gate.paired_judge(judging, ReferenceModel(checkpoint, TorchReference, reference_cache))
     return search(cfg, read_config(checkpoint), gates, build, context, judge, progress)

@@ -32,7 +32,8 @@ from release.core.progress import Progress
 from release.core.units import size
 from release.gating.contract import Gate, GateContext, GatePhase, GateResult, ProductionRef, blocks
 from release.gating.plugins import load_gates
-from release.gating.report import render_html, render_markdown, result_to_dict
+from release.gating.reference import cache_dir_of, usage
+from release.gating.report import render_markdown, result_to_dict
 from release.gating.run import (
     evidence_digests,
     gates_of_phase,
@@ -50,6 +51,8 @@ from release.pipeline.failure import Terminated, classify
 from release.pipeline.precision_search import searches
 from release.pipeline.report import (
     DETAILS_ARTIFACT,
+    REPORT_ARTIFACT,
+    REPORT_LINK,
     ReleaseReport,
     details_markdown,
     model_card,
@@ -57,6 +60,7 @@ from release.pipeline.report import (
     release_metrics,
     summary_markdown,
 )
+from release.pipeline.report_html import release_page
 from release.pipeline.report_links import add_links
 from release.pipeline.runner import Done, Pipeline, promote_lock, work_dir_for
 from release.pipeline.workdirs import prune_released
@@ -98,9 +102,18 @@ class Promotion:
         """The model card: the verdict and the figures that decide it; every other figure behind a link
         (report/details.md of the release run, written by _log_report)."""
         add_links(self.registry, report)
-        # Sections of their own (tables) sit between the decision and the details link.
-        sections = ["\n".join(engines_section(report.engines))] if report.engines else []
-        return model_card(report, sections)
+        self._count_reference(report)
+        return model_card(report, self._card_sections(report))
+
+    def _count_reference(self, report: ReleaseReport) -> None:
+        """How often this release scored its fp32 reference (and reused it): the reference cache's log."""
+        if self.pipeline is not None:
+            report.reference_scoring = usage(cache_dir_of(self.pipeline.work_dir))
+
+    @staticmethod
+    def _card_sections(report: ReleaseReport) -> list[str]:
+        """Sections of their own (tables) between the decision and the details link."""
+        return ["\n".join(engines_section(report.engines))] if report.engines else []
 
     def run(self, run_id: str, dry_run: bool, summary_path: Path | None = None,
             contract: ContractReport | None = None, gates: list[Gate] | None = None) -> ReleaseReport:
@@ -480,6 +493,7 @@ class Promotion:
             exc.hint = note
 
     def _log_report(self, run: ReleaseRun, report: ReleaseReport) -> None:
+        self._count_reference(report)
         if self.pipeline is not None:
             report.stages = {n: {"seconds": round(d.seconds, 3), "resumed": d.resumed}
                              for n, d in self.pipeline.done.items()}
@@ -489,16 +503,25 @@ class Promotion:
             (out / "model_card.md").write_text(self.card(report))
             (out / "summary.md").write_text(summary_markdown(report, self.gates_markdown))
             (out / Path(DETAILS_ARTIFACT).name).write_text(details_markdown(report, self.gates_markdown))
-            if self.gate_results:
-                meta = {"model": report.model, "training run": report.training_run,
-                        "release run": str(report.release_run), "outcome": report.outcome}
-                (out / "report.html").write_text(render_html(self.gate_results, meta))
+            (out / Path(REPORT_ARTIFACT).name).write_text(
+                release_page(report, self.gate_results, self._card_sections(report)))
             run.log_artifacts(out, "report")
+        self._say_where(run, report)
         for result in self.gate_results:
             log_result(run, result, metrics=False)
         # Once: what the version's LoggedModel did not already record through this run.
         run.log_metrics(self._unrecorded(report))
         run.set_tags({T.OUTCOME: report.outcome})
+
+    def _say_where(self, run: ReleaseRun, report: ReleaseReport) -> None:
+        """Where the release report is: its MLflow UI link, and the file when the artifact store is local."""
+        link = report.links.get(REPORT_LINK)
+        local = run.local_artifact(REPORT_ARTIFACT)
+        file = str(local) if local is not None and local.is_file() else None
+        if link and file:
+            self.progress.info(f"report: {link} (file: {file})")
+        elif link or file:
+            self.progress.info(f"report: {link or file}")
 
 
 def _replays_production(gates: list[Gate], production: ProductionRef | None) -> bool:

@@ -16,6 +16,8 @@ from release.registry import tags as T
 RELEASE_RUN_LINK, TRAINING_RUN_LINK, VERSION_LINK = "release run", "training run", "version"
 REPLACED, COMPARED = "production it replaced", "production it was compared with"
 PLOT_LINK = "plot: "
+REPORT_LINK = "the release report (report.html)"
+REPORT_ARTIFACT = "report/report.html"
 METRICS_LINK = "every number (the version's logged model)"
 
 
@@ -49,6 +51,9 @@ class ReleaseReport:
     engines: dict[str, Any] | None = None
     # The engine that builds and serves the release: {"backend", "precision", "why"} (auto's choice named).
     engine: dict[str, Any] | None = None
+    # The fp32 reference's scorings on the eval set and their reuses (release/gating/reference.py's `usage`):
+    # {"scorings", "reused", "seconds", "uses"}; scored once per release.
+    reference_scoring: dict[str, Any] | None = None
 
     def block(self, failures: list[str]) -> None:
         self.outcome, self.exit_code = "blocked", EXIT_BLOCKED
@@ -108,17 +113,21 @@ def _engine_name(report: ReleaseReport) -> str:
     return found.display_name or backend if found is not None else backend
 
 
-def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -> str:
+def model_card(report: ReleaseReport, extra_sections: list[str] | None = None, plot_links: bool = True) -> str:
     """Markdown shown as the registered version's description in the MLflow UI: the verdict and the few
     figures that decide it (validation, each gate's deciding numbers, memory fit, cost), one line per extra
-    section, then the plots, lineage and links. Every other figure is in the details artifact it links."""
+    section, then the plots, lineage and links. Every other figure is in the details artifact it links.
+    `plot_links` False: no list of the plots (report.html shows them inline instead)."""
     links = report.links
     backend = (report.engine or {}).get("backend") or report.package.get("backend")
     title = f"# {report.model} — {backend} {report.precision}" if backend else f"# {report.model} — {report.precision}"
     lines = [title, "",
-             f"**{VERDICT.get(report.outcome, report.outcome)}**: {_verdict(report)}{_against(report)}", "",
+             f"**{VERDICT.get(report.outcome, report.outcome)}**: {verdict_sentence(report)}{_against(report)}", "",
              *([engine_line(report), ""] if engine_line(report) else []), _provenance(report), ""]
     lines += decision_table(report)
+    scoring = reference_line(report)
+    if scoring:
+        lines += [scoring, ""]
     for section in extra_sections or []:
         lines += [section, ""]
     details = _link(DETAILS_ARTIFACT, links.get(DETAILS_LINK))
@@ -130,7 +139,7 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
         lines += ["## Why it was blocked", *(f"- {markdown(f)}" for f in report.failures), ""]
     if report.notes:
         lines += ["## Notes", *(f"- {markdown(n)}" for n in report.notes), ""]
-    if report.plots:
+    if report.plots and plot_links:
         lines += ["## Plots", *(f"- {_link(title, links.get(PLOT_LINK + title), code=False)}"
                                 f" (release run artifact `{path}`)" for title, path in report.plots.items()), ""]
     lines += lineage_section(report)
@@ -140,7 +149,19 @@ def model_card(report: ReleaseReport, extra_sections: list[str] | None = None) -
     return "\n".join(lines)
 
 
-def _verdict(report: ReleaseReport) -> str:
+def reference_line(report: ReleaseReport) -> str:
+    """How often this release scored the fp32 reference on the eval set, and who reused it (the count the
+    reference cache logged, release/gating/reference.py); "" when nothing used it."""
+    found = report.reference_scoring
+    if not found:
+        return ""
+    times = "once" if found["scorings"] == 1 else f"{found['scorings']} times"
+    reused = [u["by"] for u in found.get("uses", []) if not u.get("scored")]
+    by = f"; reused by {', '.join(dict.fromkeys(reused))} ({len(reused)}x)" if reused else ""
+    return f"fp32 reference scored on the eval set {times} in this release ({found['seconds']:.1f} s){by}."
+
+
+def verdict_sentence(report: ReleaseReport) -> str:
     version = f"v{report.version}" if report.version else "nothing registered"
     return {"released": f"{version} passed validation and every gate.",
             "re-gated": f"{version} already served this package; the gates ran again and are recorded on it.",
@@ -177,10 +198,12 @@ def decision_table(report: ReleaseReport) -> list[str]:
     if report.validation:
         checks = report.validation.get("checks", [])
         rows.append((f"validation vs fp32 ({report.precision})", _status(all(c["passed"] for c in checks)),
-                     _figures(checks)))
+                     _figures(checks) + tie_note(report.validation.get("metrics") or {})))
     for gate in report.gates:
-        paired = paired_figures((gate.get("details") or {}).get("paired") or [])
-        figures = "; ".join(f for f in (paired, _figures(gate.get("thresholds") or [])) if f) or \
+        details = gate.get("details") or {}
+        paired = paired_figures(details.get("paired") or [])
+        tasks = harness_figures(details.get("harness_scores") or [])
+        figures = "; ".join(f for f in (paired, tasks, _figures(gate.get("thresholds") or [])) if f) or \
             _clip(gate.get("reason", ""))
         rows.append((f"gate `{gate['gate']}`", str(gate["status"]), figures))
     fit = memory_fit(report)
@@ -194,6 +217,16 @@ def decision_table(report: ReleaseReport) -> list[str]:
         return []
     return ["## What decided it", "| check | result | deciding figures |", "|---|---|---|",
             *(f"| {what} | {status} | {figures} |" for what, status, figures in rows), ""]
+
+
+def tie_note(metrics: dict[str, Any]) -> str:
+    """What validation's top-1 agreement counted (release/stages/top1.py): tie-aware, beside the raw figure."""
+    if not _is_number(metrics.get("top1_agreement_raw")):
+        return ""
+    ties = int(metrics.get("top1_near_ties", 0))
+    plural = "" if ties == 1 else "s"
+    return (f"; top-1 is tie-aware (raw {_sig(metrics['top1_agreement_raw'])}: {ties} near-tie{plural} and "
+            f"{int(metrics.get('top1_repeated_prefixes', 0))} repeated prefixes not counted)")
 
 
 def _status(passed: bool) -> str:
@@ -218,11 +251,22 @@ def paired_figures(comparisons: list[dict[str, Any]]) -> str:
         low, high = c["interval"]
         outcome = str(c["outcome"]).replace("_", "-")
         if c["outcome"] == "underpowered" and c.get("needed_n"):
-            outcome += f", needs about {c['needed_n']} samples"
+            outcome += f", needs about {c['needed_n']} samples for {c.get('power', 0.8):.0%} power"
         shown.append(markdown(f"{c['metric']} vs {c['against']}: {c['difference']:+.3g} "
                               f"[{low:+.3g}, {high:+.3g}], n={c['n']}, margin {c['margin']:g}")
                      + ("" if c["outcome"] == "non_inferior" else f" (**{outcome}**)"))
     more = len(ordered) - len(shown)
+    return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
+
+
+def harness_figures(scores: list[dict[str, Any]]) -> str:
+    """Each harness task's own score, candidate beside production (a gate's details["harness_scores"],
+    gates/harness/results.py), at most MAX_FIGURES."""
+    own = [s for s in scores if s.get("own", True)]
+    shown = [markdown(f"{s['task']} {s['metric']} {_sig(s['candidate'])}"
+                      + ("" if s.get("production") is None else f" (production {_sig(s['production'])})"))
+             for s in own[:MAX_FIGURES]]
+    more = len(own) - len(shown)
     return "; ".join(shown) + (f"; {more} more in the details" if more > 0 else "")
 
 

@@ -11,6 +11,8 @@ from release.pipeline.report import (
     PLOT_LINK,
     RELEASE_RUN_LINK,
     REPLACED,
+    REPORT_ARTIFACT,
+    REPORT_LINK,
     TRAINING_RUN_LINK,
     VERSION_LINK,
     ReleaseReport,
@@ -29,6 +31,7 @@ def add_links(registry: Registry, report: ReleaseReport) -> None:
         found |= {PLOT_LINK + title: links.artifact_link(uri, releases, report.release_run, path)
                   for title, path in report.plots.items()}
         found[DETAILS_LINK] = links.artifact_link(uri, releases, report.release_run, DETAILS_ARTIFACT)
+        found[REPORT_LINK] = links.artifact_link(uri, releases, report.release_run, REPORT_ARTIFACT)
     training = report.lineage.get("training", {})
     if training.get("experiment_id"):
         found[TRAINING_RUN_LINK] = links.run_link(uri, training["experiment_id"], report.training_run)

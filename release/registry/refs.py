@@ -3,9 +3,10 @@
 `models:/MODEL@ALIAS` and `MODEL:VERSION` (a served name: X-Relctl headers, request logs, pinned adapters).
 
 Every command that names a version (promote --onto and release.yaml's release.onto, serve, verify, approve,
-render kserve, trace) parses it here, before any registry call, and refuses what it does not take with its
-own words (`Spelling`): one structure, one rule for the names in it (release/core/model_name.py), one alias
-rule. No MLflow here: release.config and the CLI import it before anything heavy.
+render kserve, trace, serve --adapter-package) parses it here, before any registry call, and refuses what it
+does not take with its own words (`Spelling`): one structure, one rule for the names in it
+(release/core/model_name.py), one alias rule. No MLflow here: release.config and the CLI import it before
+anything heavy.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ PINNED = Spelling(unknown="{spec}: expected MODEL/VERSION (or models:/MODEL/VERS
                   hint="e.g. relctl render kserve tiny-llm/3", aliases=False, models_uri=True,
                   no_alias="{spec}: an alias is resolved when a pod starts, so it is not a pinned version",
                   no_alias_hint="pass MODEL/VERSION; `relctl status MODEL` shows which version each alias points at")
+ADAPTER_PACKAGE = Spelling(unknown="--adapter-package {spec!r}: expected MODEL/VERSION (a version number) before '='",
+                           hint="e.g. --adapter-package tiny-llm-support/2=/mnt/models/adapters/tiny-llm-support",
+                           label="--adapter-package", aliases=False)
+PINNED_NAME = Spelling(unknown="{spec!r}: a pinned adapter is served as MODEL:VERSION with a version number",
+                       hint="e.g. tiny-llm-support:2 (GET /admin/adapters lists what is served)", aliases=False,
+                       served_name=True, any_name=True)
 TRACE = Spelling(unknown="'{spec}' is not MODEL:VERSION, a headers file or --response-id",
                  hint="e.g. relctl trace tiny-llm:3, or relctl trace headers.txt", aliases=False, served_name=True,
                  any_name=True)

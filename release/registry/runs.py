@@ -110,6 +110,15 @@ class ReleaseRun:
                 if relative.as_posix() not in skip:
                     mlflow.log_artifact(str(path), "/".join([artifact_path, *relative.parent.parts]))
 
+    def local_artifact(self, artifact_file: str) -> Path | None:
+        """Where this run's artifact lies on this machine, when the artifact store is a local folder (the
+        embedded store, a file: URI); None for a remote store (its UI link is the way to it)."""
+        run = mlflow.active_run()
+        uri = run.info.artifact_uri if run is not None and run.info.run_id == self.run_id else \
+            MlflowClient().get_run(self.run_id).info.artifact_uri
+        folder = _local_folder(str(uri))
+        return None if folder is None else folder / artifact_file
+
     def log_dict(self, data: dict[str, Any], artifact_file: str) -> None:
         with _writing(f"log {artifact_file}"):
             mlflow.log_dict(data, artifact_file)

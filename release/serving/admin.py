@@ -1,14 +1,19 @@
 """Run-time adapter administration on a serving base (`relctl serve --adapters`, docs/adapters.md):
 
-    GET  /admin/adapters                     what is served: {model, version, engine_name}
+    GET  /admin/adapters   what is served: {"base": {...}, "adapters": [{model, version, engine_name,
+                           served_name}], "in_flight": {engine_name: requests}, "draining": {engine_name:
+                           requests still using a replaced version}}
     POST /admin/adapters   {"model": M, "version": "3"}   serve M at v3 (no version: M's production)
     POST /admin/adapters   {"model": "M:3"}   also serve M v3 under the name M:3, M itself untouched (a canary)
     POST /admin/adapters/unload   {"model": M}   (or "M:3")
 
-Behind the server's API key (BearerAuth covers every path but /health): a server started without one
-refuses these paths (403), since anyone who can reach it could otherwise change what it serves. Every
-version loaded is fetched and verified as serve verifies its base (manifest digest, signature) and must be
-built for this base version; the switch loads the new version before the old one is unloaded.
+Behind the server's admin key (`--admin-key`, RELCTL_ADMIN_KEY; release/serving/app.py KeyAuth): a server
+started without one refuses these paths (403), and so does a completions key. Every version loaded is
+fetched and verified as serve verifies its base (manifest digest, signature), must be bound by its signed
+manifest to this server's base (`base` above, from the base's own verified package) and be in a release
+state its served name allows (a rejected version never serves): 409 with the reason otherwise. The switch
+loads the new version before the old one is unloaded, and the old one stays loaded until the last request
+using it has finished (release/serving/adapters.py).
 """
 
 from __future__ import annotations
@@ -21,14 +26,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from release.adapters.serving import split_pinned
 from release.core.errors import ReleaseError
+from release.serving.adapters import split_pinned
 from release.serving.parsing import decode_json
 from release.serving.protocol import RequestProblem
 
 if TYPE_CHECKING:
-    from release.adapters.serving import ServedAdapter
+    from release.serving.adapters import ServedAdapter
     from release.serving.app import ServerState
+
+ADMIN_PREFIX = "/admin"
 
 
 def adapter_headers(adapter: ServedAdapter | None) -> dict[str, str]:
@@ -46,13 +53,9 @@ def _listing(state: ServerState) -> list[dict[str, str]]:
 
 
 def admin_routes(state: ServerState) -> list[Route]:
-    """The admin paths, answering 403/404 unless the server has an API key and serves adapters."""
+    """The admin paths (KeyAuth has let only the admin key through), 404 unless the server serves adapters."""
 
     def refused() -> Response | None:
-        if state.api_key is None:
-            problem = RequestProblem("authorization", "admin paths need the server started with --api-key "
-                                     "(RELCTL_API_KEY)", status=403)
-            return JSONResponse(problem.body(), status_code=403)
         if state.adapters is None:
             problem = RequestProblem("adapters", "this server does not serve adapters (start it with --adapters)",
                                      status=404)
@@ -60,7 +63,10 @@ def admin_routes(state: ServerState) -> list[Route]:
         return None
 
     async def listing(_: Request) -> Response:
-        return refused() or JSONResponse({"adapters": _listing(state)})
+        table = state.adapters
+        return refused() or JSONResponse({"base": state.adapter_base, "adapters": _listing(state),
+                                          "in_flight": table.in_flight() if table else {},
+                                          "draining": table.draining() if table else {}})
 
     async def admitted(request: Request) -> dict[str, Any] | Response:
         """The request's body once the server may answer admin requests at all; else the refusal."""
@@ -73,7 +79,10 @@ def admin_routes(state: ServerState) -> list[Route]:
         version = body.get("version")
         if version is not None and not isinstance(version, str):
             return _bad("version", "must be a string like \"3\"")
-        model, pinned = split_pinned(body["model"])
+        try:
+            model, pinned = split_pinned(body["model"])
+        except ReleaseError as exc:
+            return _bad("model", exc.message)
         if pinned is not None and version not in (None, pinned):
             return _bad("version", f"{version} contradicts the pinned name {body['model']}")
         assert state.adapters is not None
@@ -102,8 +111,9 @@ def admin_routes(state: ServerState) -> list[Route]:
             return _bad("model", exc.message, 404)
         return JSONResponse({"unloaded": old.model, "version": old.version, "adapters": _listing(state)})
 
-    return [Route("/admin/adapters", listing, methods=["GET"]), Route("/admin/adapters", load, methods=["POST"]),
-            Route("/admin/adapters/unload", unload, methods=["POST"])]
+    return [Route(f"{ADMIN_PREFIX}/adapters", listing, methods=["GET"]),
+            Route(f"{ADMIN_PREFIX}/adapters", load, methods=["POST"]),
+            Route(f"{ADMIN_PREFIX}/adapters/unload", unload, methods=["POST"])]
 
 
 async def _body(request: Request) -> dict[str, Any] | Response:

@@ -4,12 +4,12 @@ hash. A request is validated (4xx naming the field), admitted (429 when full), t
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -17,8 +17,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from release.adapters.serving import AdapterTable
+from release.serving.adapters import AdapterLease, AdapterTable
 from release.serving.admin import adapter_headers, admin_routes
+from release.serving.auth import KeyAuth
 from release.serving.engine import Engine, Finished
 from release.serving.metrics import Identity, ServerMetrics
 from release.serving.openapi import openapi_schema
@@ -45,8 +46,10 @@ class ServerState:
     metrics: ServerMetrics
     request_log: RequestLog
     served_name: str = ""  # the `model` clients send and see (--served-model-name); default model:version
-    api_key: str | None = None  # when set, every path but /health needs `Authorization: Bearer <key>`
+    api_key: str | None = None  # when set, every path but /health and /admin/* needs `Authorization: Bearer <key>`
+    admin_key: str | None = None  # the one key /admin/* accepts; None: the admin paths are refused (403)
     adapters: AdapterTable | None = None  # `relctl serve --adapters`: LoRA adapters beside the base
+    adapter_base: dict[str, Any] | None = None  # the base the adapters are checked against, as GET /admin states it
 
     @property
     def model_name(self) -> str:
@@ -59,6 +62,8 @@ def create_app(state: ServerState) -> ASGIApp:
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
+        if state.adapters is not None:
+            state.adapters.close()
         state.engine.close()
 
     async def health(_: Request) -> Response:
@@ -106,34 +111,7 @@ def create_app(state: ServerState) -> ASGIApp:
         ],
         lifespan=lifespan,
     )
-    guarded: ASGIApp = app if state.api_key is None else BearerAuth(app, state.api_key, state.metrics)
-    return IdentityHeaders(guarded, state.identity)
-
-
-class BearerAuth:
-    """`Authorization: Bearer <key>` on every path but /health (probes carry no credentials); 401 otherwise.
-    The key is compared in constant time, so response timing does not reveal how much of a guess matched."""
-
-    OPEN = frozenset({"/health"})
-
-    def __init__(self, app: ASGIApp, key: str, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.expected = f"Bearer {key}".encode()
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.OPEN:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        self.metrics.rejected.labels("unauthorized").inc()
-        problem = RequestProblem("authorization", "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                 status=401)
-        response = JSONResponse(problem.body(), status_code=401, headers={"WWW-Authenticate": 'Bearer realm="relctl"'})
-        await response(scope, receive, send)
+    return IdentityHeaders(KeyAuth(app, state.api_key, state.admin_key, state.metrics), state.identity)
 
 
 class IdentityHeaders:
@@ -184,7 +162,10 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
         state.metrics.requests.labels(endpoint, str(problem.status)).inc()
         return JSONResponse(problem.body(), status_code=problem.status)
     engine = state.engine
+    lease = prepared.lease
     if not engine.try_admit():
+        if lease is not None:
+            lease.release()
         state.metrics.rejected.labels("queue_full").inc()
         state.metrics.requests.labels(endpoint, "429").inc()
         full = RequestProblem("queue", "server at capacity, retry later", status=429)
@@ -192,8 +173,10 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
     run = Run(state, prepared, arrived, rid)
     adapter = prepared.adapter
     try:
+        # From here the engine gives the adapter lease back when the request's job ends, however it ends.
         events = engine.generate(prepared.prompt_ids, prepared.params, arrived + engine.settings.request_timeout_s,
-                                 rid, on_job=run.attach, adapter=adapter.engine_name if adapter else None)
+                                 rid, on_job=run.attach, adapter=adapter.engine_name if adapter else None,
+                                 on_end=lease.release if lease is not None else None)
         first = await anext(events)
         first_at = time.monotonic()
     except BaseException:
@@ -217,7 +200,7 @@ async def _answer(state: ServerState, request: Request, chat: bool, endpoint: st
 
 
 async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
-    settings, engine = state.engine.settings, state.engine
+    settings = state.engine.settings
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > settings.max_body_bytes:
         raise RequestProblem("body", f"larger than this server's limit of {settings.max_body_bytes} bytes")
@@ -226,10 +209,22 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
         raise RequestProblem("body", f"larger than this server's limit of {settings.max_body_bytes} bytes")
     req: SamplingFields = parse_body(raw, ChatRequest if chat else CompletionRequest)
     ident = state.identity
-    adapter = state.adapters.lookup(req.model) if state.adapters and req.model else None
-    if req.model is not None and adapter is None and req.model not in (state.model_name, ident.model_id, ident.name):
-        raise RequestProblem("model", f"'{req.model}' is not served here; this server serves '{state.model_name}'",
-                             status=400)
+    if req.model is not None and req.model not in (state.model_name, ident.model_id, ident.name):
+        # Leased now: a switch from here on serves this request the version it was routed to.
+        lease = state.adapters.acquire(req.model) if state.adapters else None
+        if lease is None:
+            raise RequestProblem("model", f"'{req.model}' is not served here; this server serves "
+                                          f"'{state.model_name}'", status=400)
+        try:
+            return _prepare(state, req, chat, lease)
+        except BaseException:
+            lease.release()
+            raise
+    return _prepare(state, req, chat, None)
+
+
+def _prepare(state: ServerState, req: SamplingFields, chat: bool, lease: AdapterLease | None) -> Prepared:
+    settings, engine = state.engine.settings, state.engine
     params = check_params(req, settings, engine.limits)
     ids: list[int] | None = None
     if isinstance(req, ChatRequest):
@@ -261,7 +256,7 @@ async def prepare(state: ServerState, request: Request, chat: bool) -> Prepared:
             "max_tokens", f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) exceeds the model's context "
             f"of {engine.context_length} tokens")
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params, adapter)
+    return Prepared("chat" if chat else "completions", chat, req.stream, include_usage, prompt, ids, params, lease)
 
 
 def check_scoring(engine: Engine, req: CompletionRequest) -> None:

@@ -45,8 +45,8 @@ def _project_dir(option: Path | None) -> Path:
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write {url, pid, model, load_time_s} as JSON here once listening")
 @click.option("--api-key", envvar="RELCTL_API_KEY", default=None, show_envvar=True,
-              help="require 'Authorization: Bearer KEY' on every path but /health (prefer the variable: "
-                   "a command line is visible to other users)")
+              help="require 'Authorization: Bearer KEY' on every path but /health and /admin/* (prefer the "
+                   "variable: a command line is visible to other users)")
 @click.option("--served-model-name", default=None,
               help="model id clients see in /v1/models and send as 'model' [default: MODEL:VERSION]")
 @click.option("--cached-only", is_flag=True,
@@ -54,15 +54,23 @@ def _project_dir(option: Path | None) -> Path:
                    "put it: a missing or changed file is refused (exit 2), never downloaded again")
 @click.option("--adapters", is_flag=True,
               help="serve the base's production LoRA adapters beside it (the 'model' field names one) and "
-                   "accept /admin/adapters loads and unloads (with --api-key); docs/adapters.md")
+                   "accept /admin/adapters loads and unloads (with --admin-key); docs/adapters.md")
+@click.option("--adapter-package", "adapter_packages", multiple=True, metavar="MODEL[/VERSION]=DIR",
+              help="serve this adapter package folder (verified, and checked to be bound to the base) instead of "
+                   "the registry's production adapters; repeatable; implies --adapters (a pod's pinned adapters)")
+@click.option("--admin-key", envvar="RELCTL_ADMIN_KEY", default=None, show_envvar=True,
+              help="the one key /admin/* accepts (adapter switches), never a completions key; without it the "
+                   "admin paths are refused (prefer the variable)")
 @click.option("--follow-interval", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
               help="with --adapters: read the registry this often and switch each adapter to its production version "
                    "when that moves (promote --onto, rollback, approve); the server records itself in the registry "
-                   "for relctl status. 0: switch only by /admin requests")
+                   "for relctl status. 0: switch only by /admin requests. Not with --adapter-package (the pod "
+                   "serves exactly those)")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
                   ready_file: Path | None, api_key: str | None, served_model_name: str | None,
-                  cached_only: bool, adapters: bool, follow_interval: float) -> None:
+                  cached_only: bool, adapters: bool, adapter_packages: tuple[str, ...], admin_key: str | None,
+                  follow_interval: float) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
     in-flight requests."""
@@ -74,7 +82,8 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
           ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name,
-          cached_only=cached_only, adapters=adapters, follow_interval=follow_interval)
+          cached_only=cached_only, adapters=adapters, admin_key=admin_key, adapter_packages=adapter_packages,
+          follow_interval=follow_interval)
 
 
 @click.group("serving")

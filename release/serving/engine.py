@@ -38,7 +38,7 @@ log = logging.getLogger("relctl.serve")
 def open_engine(package: PackageManifest, settings: ServerSettings,
                 adapters: Mapping[str, Path] | None = None) -> Engine:
     """The package's model loaded by its own backend, behind relctl's admission and thread pool. `adapters`
-    (engine name: folder; may be empty): LoRA serving on, those loaded (release/adapters/serving.py)."""
+    (engine name: folder; may be empty): LoRA serving on, those loaded (release/serving/adapters.py)."""
     backend: Backend = backend_of(package)
     settings = admitted_settings(backend, settings)
     started = time.perf_counter()
@@ -133,21 +133,26 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: GenerationParams, deadline: float, rid: str = "",
-                       on_job: Callable[[Job], None] | None = None, adapter: str | None = None
-                       ) -> AsyncGenerator[str | Finished, None]:
+                       on_job: Callable[[Job], None] | None = None, adapter: str | None = None,
+                       on_end: Callable[[], None] | None = None) -> AsyncGenerator[str | Finished, None]:
         """Text pieces as they are produced, then one Finished. The caller must hold an admitted slot.
         `on_job` receives the Job before it runs (a scored request reads its scores from it when finished).
-        `adapter`: the engine's name of a loaded LoRA adapter to generate with."""
-        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid, adapter=adapter)
-        if on_job is not None:
-            on_job(job)
-        batch = self.batch
-        # An adapter's job runs on the thread pool: an engine's batch serves its base (an in-process engine's
-        # batcher takes no per-request adapter; an engine server's runner batches on its side, no batch here).
-        if batch is not None and batch.healthy and params.seed is None and not params.scored and adapter is None:
-            batch.submit(job)
-        else:
-            self._pool.submit(self._run, job)
+        `adapter`: the engine's name of a loaded LoRA adapter to generate with. `on_end`: called once when
+        the engine is done with the request (Job.on_end), from its first step on, however it ends."""
+        job = Job(prompt_ids, params, deadline, asyncio.get_running_loop(), rid, adapter=adapter, on_end=on_end)
+        try:
+            if on_job is not None:
+                on_job(job)
+            batch = self.batch
+            # An adapter's job runs on the thread pool: an engine's batch serves its base (an in-process engine's
+            # batcher takes no per-request adapter; an engine server's runner batches on its side, no batch here).
+            if batch is not None and batch.healthy and params.seed is None and not params.scored and adapter is None:
+                batch.submit(job)
+            else:
+                self._pool.submit(self._run, job)
+        except BaseException:
+            job.end()  # never queued: nothing else will end it
+            raise
         try:
             async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                 while True:

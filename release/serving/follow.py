@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from release.adapters.trust import KIND as ADAPTER_KIND
 from release.core.errors import InputError
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
@@ -31,13 +32,13 @@ from release.registry.servers import ServerRecord, drop_server, new_server_id, n
 
 DEFAULT_INTERVAL_S = 10.0
 HEARTBEAT_FLOOR_S = 10.0   # a server that reads more often still writes its record at most this often
-ADAPTER_KIND = "adapter"
 
 log = logging.getLogger("relctl.serve")
 
 
 class Table(Protocol):
-    """What the follower needs of the server's adapter table (release/adapters/serving.py, moving to serving/)."""
+    """What the follower needs of the server's adapter table (release/serving/adapters.py: its switch is
+    thread-safe, so the follower's thread and an admin request may switch at once)."""
 
     def listing(self) -> list[Any]: ...
 

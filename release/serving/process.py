@@ -24,9 +24,10 @@ class ServerProcess:
 
     def __init__(self, spec: str, work_dir: Path, config: Path | None = None, project_dir: Path | None = None,
                  start_timeout_s: float = 600.0, api_key: str | None = None,
-                 served_model_name: str | None = None) -> None:
+                 served_model_name: str | None = None, admin_key: str | None = None) -> None:
         self.spec = spec
         self.api_key = api_key
+        self.admin_key = admin_key
         self.served_model_name = served_model_name
         self.work_dir = work_dir
         self.config = config
@@ -49,10 +50,12 @@ class ServerProcess:
             cmd += ["--config", str(self.config)]
         if self.served_model_name is not None:
             cmd += ["--served-model-name", self.served_model_name]
-        # The key travels in the environment, never on a command line that `ps` shows.
-        env = {k: v for k, v in os.environ.items() if k != "RELCTL_API_KEY"}
-        if self.api_key is not None:
-            env["RELCTL_API_KEY"] = self.api_key
+        # The keys travel in the environment, never on a command line that `ps` shows; a child server never
+        # inherits either from this process.
+        env = {k: v for k, v in os.environ.items() if k not in ("RELCTL_API_KEY", "RELCTL_ADMIN_KEY")}
+        for name, key in (("RELCTL_API_KEY", self.api_key), ("RELCTL_ADMIN_KEY", self.admin_key)):
+            if key is not None:
+                env[name] = key
         log = (self.work_dir / "server.log").open("wb")
         try:
             self._proc = start_child(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -26,7 +26,7 @@ from release.serving.protocol import (
 )
 
 if TYPE_CHECKING:
-    from release.adapters.serving import ServedAdapter
+    from release.serving.adapters import AdapterLease, ServedAdapter
     from release.serving.app import ServerState
 
 
@@ -41,7 +41,13 @@ class Prepared:
     prompt: str
     prompt_ids: list[int]
     params: GenerationParams
-    adapter: ServedAdapter | None = None   # the LoRA adapter the `model` field named (release/adapters)
+    # The request's lease on the LoRA adapter version its `model` field named (release/serving/adapters.py):
+    # given back when its job has ended in the engine, or by whoever refuses the request before that.
+    lease: AdapterLease | None = None
+
+    @property
+    def adapter(self) -> ServedAdapter | None:
+        return self.lease.adapter if self.lease is not None else None
 
 
 class RunStream(StreamingResponse):

@@ -55,6 +55,17 @@ class PromptReference:
         return self.ids + self.continuation
 
 
+def top2_margins(ref: PromptReference) -> np.ndarray:
+    """Per position, how far apart the reference's two most likely tokens are: log p1 - log p2 in nats (inf
+    with a one-token vocabulary). Read from the recorded top-k log-probabilities (descending), so a saved
+    reference needs nothing new; validation's tie-aware top-1 agreement skips positions where it is tiny."""
+    logprobs = np.asarray(ref.top_logprobs, dtype=np.float64)
+    if logprobs.shape[1] < 2:
+        return np.full(len(logprobs), np.inf)
+    margins: np.ndarray = logprobs[:, 0] - logprobs[:, 1]
+    return margins
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     shifted = logits - logits.max(axis=-1, keepdims=True)
     result: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))

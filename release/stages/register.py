@@ -33,7 +33,7 @@ from release import __version__
 from release.backends import backend_of
 from release.core.errors import RegistryError
 from release.core.faults import pause_point
-from release.core.hashing import sha256_file, sha256_json
+from release.core.hashing import sha256_file
 from release.core.package import MANIFEST, PACKAGE_ARTIFACT, PackageManifest
 from release.registry import PREVIOUS, PRODUCTION, Registry, package_links, transitions
 from release.registry import tags as T
@@ -49,8 +49,8 @@ CONTENT_TAG = T.CONTENT_SHA256
 
 
 def content_sha256(package: PackageManifest) -> str:
-    """Identity of what is served: the sha256 of every file but the manifest."""
-    return sha256_json(package.files)
+    """Identity of what is served: the sha256 of every file but the manifest (PackageManifest.content_sha256)."""
+    return package.content_sha256
 
 
 def version_tags(package: PackageManifest, lineage: dict[str, Any], extra: dict[str, Any]) -> dict[str, str]:

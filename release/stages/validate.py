@@ -4,7 +4,9 @@ The reference is what the checkpoint itself computes (release/stages/reference.p
 merged checkpoint, kept on disk as top-k log-probabilities) or, for a backend that validates against its
 own fp32 build, that build. Each prompt is tokenized with the training tokenizer and extended by the
 reference's greedy continuation (max_new_tokens). On that sequence, teacher-forced through the candidate:
-- top1_agreement: over every position, the reference's argmax against the candidate's;
+- top1_agreement: the reference's argmax against the candidate's, tie-aware (release/stages/top1.py): each
+  distinct token prefix once, and only where the reference's top two tokens are more than
+  validation.near_tie_nats apart; top1_agreement_raw counts every position of every prompt;
 - mean_kl: KL(reference || candidate) in float64 over every position, on the reference's top-k tokens
   plus one bucket for the rest of the vocabulary (exact when the reference kept the whole distribution,
   vocabularies up to 4,096; a lower bound otherwise, which the top 64 make tight for a trained model);
@@ -45,6 +47,7 @@ from release.core.tokenizer_parity import EDGE_STRINGS, TokenizerParity, compare
 from release.stages import reference as reference_stage
 from release.stages.base import Stage, StageInputs, StageResult, location
 from release.stages.reference import PromptReference, log_softmax
+from release.stages.top1 import top1_agreement
 
 
 class NonFiniteLogits(ValueError):
@@ -97,7 +100,7 @@ def validate(
     try:
         candidate = backend.load(candidate_dir)
         parity = compare_tokenizers(candidate.encode, training_tokenizer, [*prompts, *EDGE_STRINGS])
-        metrics = logit_metrics(refs, candidate)
+        metrics = logit_metrics(refs, candidate, thresholds.near_tie_nats)
         greedy, samples = greedy_metrics(candidate, prompts, continuations, thresholds.max_new_tokens)
         metrics.update(greedy)
     except ReleaseError:
@@ -145,9 +148,11 @@ def kl_top_k(ref: PromptReference, log_cand: np.ndarray) -> np.ndarray:
     return np.asarray(kl)
 
 
-def logit_metrics(refs: list[PromptReference], candidate: LoadedModel) -> dict[str, float]:
-    """top1_agreement and mean_kl over all positions; perplexities on continuation and prompt tokens."""
-    agree, kls = [], []
+def logit_metrics(refs: list[PromptReference], candidate: LoadedModel,
+                  near_tie_nats: float = ValidationConfig().near_tie_nats) -> dict[str, float]:
+    """top1_agreement (tie-aware, and raw), mean_kl over all positions; perplexities on continuation and
+    prompt tokens."""
+    argmax, kls = [], []
     nll: dict[str, list[np.ndarray]] = {"ref": [], "cand": [], "prompt_ref": [], "prompt_cand": []}
     for number, ref in enumerate(refs, start=1):
         sequence = ref.sequence
@@ -156,7 +161,7 @@ def logit_metrics(refs: list[PromptReference], candidate: LoadedModel) -> dict[s
             # NaN/Inf logits poison every average below; name them instead of reporting "top-1 0".
             raise NonFiniteLogits(f"candidate logits contain NaN or Inf on prompt {number}")
         log_cand = log_softmax(raw_cand.astype(np.float64))
-        agree.append(ref.top_ids[:, 0] == log_cand.argmax(-1))
+        argmax.append(log_cand.argmax(-1))
         kls.append(kl_top_k(ref, log_cand))
         # Position i predicts token i + 1.
         split = len(ref.ids) - 1
@@ -168,7 +173,7 @@ def logit_metrics(refs: list[PromptReference], candidate: LoadedModel) -> dict[s
     ppl_ref, ppl_cand = perplexity(nll["ref"]), perplexity(nll["cand"])
     prompt_ref, prompt_cand = perplexity(nll["prompt_ref"]), perplexity(nll["prompt_cand"])
     return {
-        "top1_agreement": float(np.concatenate(agree).mean()),
+        **top1_agreement(refs, argmax, near_tie_nats).metrics(),
         "mean_kl": float(np.concatenate(kls).mean()),
         "perplexity_reference": ppl_ref,
         "perplexity_candidate": ppl_cand,
@@ -242,7 +247,8 @@ def threshold_checks(metrics: dict[str, float], t: ValidationConfig) -> list[Thr
 
 
 def describe_failure(check: ThresholdCheck) -> str:
-    return f"{check.metric} = {check.value:.6g}, required {check.op} {check.bound:.6g}"
+    name = "top1_agreement (tie-aware)" if check.metric == "top1_agreement" else check.metric
+    return f"{name} = {check.value:.6g}, required {check.op} {check.bound:.6g}"
 
 
 def perplexity(nlls: list[np.ndarray]) -> float:
@@ -292,5 +298,8 @@ class ValidateStage(Stage[ValidateInputs, ValidateResult]):
     def summary(self, result: ValidateResult) -> str:
         m = result.metrics
         verdict = "pass" if result.passed else "FAIL"
-        return (f"{verdict}: top-1 {m.get('top1_agreement', float('nan')):.3f}, "
+        ties = int(m.get("top1_near_ties", 0))
+        return (f"{verdict}: top-1 {m.get('top1_agreement', float('nan')):.3f} tie-aware "
+                f"(raw {m.get('top1_agreement_raw', float('nan')):.3f}; {ties} near-tie{'' if ties == 1 else 's'}, "
+                f"{m.get('top1_repeated_prefixes', 0):.0f} repeated prefixes not counted), "
                 f"KL {m.get('mean_kl', float('nan')):.2e}, greedy {m.get('greedy_agreement', float('nan')):.2f}")

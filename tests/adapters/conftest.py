@@ -27,7 +27,8 @@ from tests.conftest import load_tinyllm, load_train_module
 
 BASE = "tiny-llm"
 RELCTL = str(Path(sys.executable).with_name("relctl"))
-KEY = "adapter-admin-key"
+KEY = "adapter-completions-key"  # what completion clients send (--api-key, RELCTL_API_KEY)
+ADMIN_KEY = "adapter-admin-key"  # what switches adapters (--admin-key, RELCTL_ADMIN_KEY)
 PROMPTS = ["reverse b d a f ->", "reverse c a e b ->", "reverse f e d c ->"]
 
 
@@ -86,8 +87,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         out[key] = relctl(project, "promote", run, "--onto", f"{BASE}@production", "--json")
         out["timings"][f"release {key}"] = round(time.monotonic() - started, 1)
     ready = root / "ready.json"
-    # rollback --server sends RELCTL_ADMIN_KEY; this server's /admin takes its API key until a37-serving's own
-    env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": KEY}
+    env = {**os.environ, "RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": ADMIN_KEY}
     server = subprocess.Popen([RELCTL, "serve", f"{BASE}@production", "--adapters", "--port", "0", "--project-dir",
                                str(project), "--ready-file", str(ready)], env=env, stdout=subprocess.DEVNULL,
                               stderr=open(root / "serve.log", "wb"))

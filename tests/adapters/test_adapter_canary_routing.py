@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from release.adapters.serving import pinned_name, split_pinned
 from release.cli import cli
+from release.serving.adapters import pinned_name, split_pinned
 from release.serving.router import Router, RouterServer
 from release.serving.router.app import with_model
 

@@ -130,6 +130,7 @@ class Stub(BaseHTTPRequestHandler):
 
     mode = "html"         # html: a login page or proxy; relctl-v1 / relctl-v2: takes the probe as relctl serve
     posts: list[str] = []  # noqa: RUF012 - one stub per test, sequential
+    weights: str | None = None  # the base-weights digest it states (None: the one its version was built from)
 
     def log_message(self, *_: Any) -> None:
         pass
@@ -147,9 +148,11 @@ class Stub(BaseHTTPRequestHandler):
         if self.mode == "html":
             self._send(200, b"<html><body>Please sign in</body></html>", "text/html")
             return
-        version = self.mode.removeprefix("relctl-v")
-        self._send(200, json.dumps({"adapters": []}).encode(), "application/json",
-                   {"x-relctl-model": BASE, "x-relctl-version": version})
+        version = self.mode.removeprefix("relctl-v")  # the base as relctl serve --adapters states it
+        base = {"model": BASE, "version": version, "sha256": self.weights or (D1 if version == "1" else D2),
+                "package_content_sha256": "sha256:" + "99" * 32}
+        self._send(200, json.dumps({"base": base, "adapters": [], "in_flight": {}, "draining": {}}).encode(),
+                   "application/json", {"x-relctl-model": BASE, "x-relctl-version": version})
 
     def do_POST(self) -> None:
         self.posts.append(self.path)
@@ -177,8 +180,9 @@ def dead_port() -> int:
 
 def test_rollback_with_server_checks_key_server_and_base_before_the_alias_moves(
         moved: dict[str, Any], stub: tuple[str, type[Stub]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """No admin key, a dead server, a server answering HTML, a relctl server of another base version: each is
-    refused before the alias moves (exit 2, or 4 for a server that cannot be reached; never 3), saying
+    """No admin key, a dead server, a server answering HTML, a relctl server of another base version or of that
+    version's number on other base weights (the signed package's binding, as the server's switch checks it):
+    each is refused before the alias moves (exit 2, or 4 for a server that cannot be reached; never 3), saying
     nothing moved."""
     project = moved["project"]
     url, handler = stub
@@ -199,7 +203,10 @@ def test_rollback_with_server_checks_key_server_and_base_before_the_alias_moves(
     refused(f"http://127.0.0.1:{dead_port()}", 4, "cannot reach it")
     refused(url, 2, "text/html", "not relctl serve's JSON")
     handler.mode = "relctl-v1"   # a relctl server, but of the base version production has left
-    refused(url, 2, f"runs {BASE} v{moved['v']['base1']}", f"built for {BASE} v{moved['v']['base2']}")
+    refused(url, 2, f"bound by its signed package to {BASE} v{moved['v']['base2']}",
+            f"would serve on, {BASE} v{moved['v']['base1']}")
+    handler.mode, handler.weights = f"relctl-v{moved['v']['base2']}", D1  # that version number, other weights
+    refused(url, 2, "(they differ in: base weights)")
     assert handler.posts == []   # no switch was ever asked for
 
 

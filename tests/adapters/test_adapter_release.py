@@ -28,8 +28,9 @@ import psutil
 import pytest
 from click.testing import CliRunner, Result
 
+from release.adapters.trust import BaseIdentity
 from release.backends import get_backend
-from release.canary.adapter_mode import adapter_arms
+from release.canary.adapter_mode import check_versions_bound
 from release.cli import cli
 from release.core.errors import InputError
 from release.registry import PREVIOUS, PRODUCTION, Registry
@@ -38,7 +39,7 @@ from release.registry.store import resolve_store
 from release.registry.versions import fetch_package
 from release.serving.router import read_records
 from release.signing.keys import project_trust
-from tests.adapters.conftest import BASE, KEY, PROMPTS, answers, relctl
+from tests.adapters.conftest import ADMIN_KEY, BASE, KEY, PROMPTS, answers, relctl
 
 pytestmark = pytest.mark.slow
 SUPPORT = f"{BASE}-support"
@@ -62,8 +63,8 @@ def registry_of(story: dict[str, Any]) -> Registry:
 
 
 def admin_listing(url: str) -> list[dict[str, str]]:
-    listed: list[dict[str, str]] = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {KEY}"},
-                                             timeout=30).json()["adapters"]
+    listed: list[dict[str, str]] = httpx.get(f"{url}/admin/adapters", timeout=30,
+                                             headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["adapters"]
     return listed
 
 
@@ -135,8 +136,9 @@ def test_the_base_serves_both_adapters_by_name(story: dict[str, Any]) -> None:
     assert trained_by in (story["runs"]["support"], story["runs"]["support-v2"])
     assert chain["model"] == SUPPORT and chain["training_run"]["id"] == trained_by
     assert chain["adapter_of"]["model"] == BASE and chain["integrity"]["ok"] is True
-    # The admin paths take the server's key and nothing else.
+    # The admin paths take the server's admin key and nothing else: not the completions key.
     assert httpx.get(f"{url}/admin/adapters").status_code == 401
+    assert httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {KEY}"}).status_code == 403
 
 
 def test_adapter_v2_canary_against_v1_on_one_base(story: dict[str, Any], canaried: dict[str, Any]) -> None:
@@ -184,18 +186,21 @@ def test_adapter_canary_bad_input_exit_2_before_traffic(story: dict[str, Any], c
     started = time.monotonic()
 
     def canary(*args: str, key: str) -> Result:  # in process: the refusals need no command start-up
-        return CliRunner(env={"RELCTL_API_KEY": key}).invoke(cli, ["--project-dir", str(project), "canary", SUPPORT,
-                                                                   *args, "--server", url])
+        return CliRunner(env={"RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": key}).invoke(
+            cli, ["--project-dir", str(project), "canary", SUPPORT, *args, "--server", url])
 
-    unknown = canary("--version", "987", key=KEY)
+    unknown = canary("--version", "987", key=ADMIN_KEY)
     assert unknown.exit_code == 2 and unknown.stderr.startswith(f"error: {SUPPORT} v987 not found"), unknown.stderr
-    # An adapter built for another base version than the server runs: named, before any alias or load.
+    # A version whose signed package binds it to another base than the server runs: named, before any alias or
+    # load, whatever its tags say (the server states its base; here it is said to be v2).
     production = registry.get_version(SUPPORT, aliases[PRODUCTION])
-    elsewhere = replace(production, version="987", tags={**production.tags, T.BASE_VERSION: "2"})
-    with pytest.raises(InputError, match=rf"v987 was built for {BASE} v2, but the server at .* runs {BASE} v1"):
-        adapter_arms(url, SUPPORT, production, elsewhere, api_key=KEY)
+    served = BaseIdentity.from_dict(httpx.get(f"{url}/admin/adapters", timeout=30, headers={
+        "Authorization": f"Bearer {ADMIN_KEY}"}).json()["base"])
+    assert served is not None and (served.model, served.version) == (BASE, "1")
+    with pytest.raises(InputError, match=rf"bound by its signed package to {BASE} v1 .* {BASE} v2 .*in: version"):
+        check_versions_bound(registry, project_trust(project), [production], replace(served, version="2"))
     no_key = canary("--version", aliases[PREVIOUS], key="")
-    assert no_key.exit_code == 2 and "needs the server's API key" in no_key.stderr, no_key.stderr
+    assert no_key.exit_code == 2 and "needs its admin key" in no_key.stderr, no_key.stderr
     print(f"adapter canary refusals: {time.monotonic() - started:.1f}s")
     assert registry.aliases(SUPPORT) == aliases
     assert not [a for a in admin_listing(url) if ":" in a["served_name"]]

@@ -4,37 +4,53 @@
   projection); the run's adapter released onto tiny-llm@production without merging, as an .onnx_adapter,
   validated as og serves it on the int4 base against the merged fp32 reference; an adapter for a module the
   base takes none on refused (exit 2, seconds, nothing registered); relctl serve of the base with the adapter
-  by name; a second adapter beside it; v2 released under a canary against v1 on the one running base (traffic
-  split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID).
+  by name; a second adapter released while the server runs, loaded by the server itself (it follows the
+  registry); v2 released under a canary against v1 on the one running base (traffic
+  split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID);
+  10,000 requests from concurrent clients while the admin key switches v1 <-> v2 (no request fails: a request
+  holds the version it was routed to until its job ends), every way a request ends giving its hold back, a
+  rejected version refused (409) and the completions key kept out of /admin; a rollback without --server
+  followed by the server (its registry record says what it serves), and production versions not bound to its
+  base held back (by their tags, and by a signed package that contradicts them).
 
 One module story with real parts: MLflow on SQLite, the model builder, og.Adapters, relctl serve on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from release.adapters.trust import BaseIdentity
+from release.backends.jobs import Finished, GenerationParams
 from release.backends.onnxruntime_genai.adapters import ADAPTER_FILE, BLOCKS, lora_inputs
+from release.core.server_settings import ServerSettings
 from release.registry import PREVIOUS, PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.store import resolve_store
 from release.registry.versions import fetch_package
+from release.serving.adapter_setup import registry_fetch
+from release.serving.adapters import AdapterTable, engine_name
+from release.serving.engine import open_engine
 from release.serving.router import read_records
+from release.serving.source import resolve_package
 from release.signing.keys import project_trust
 from tests.adapters.conftest import PROMPTS, answers
 from tests.adapters.test_adapter_registry import signed_adapter
@@ -45,12 +61,10 @@ from tests.conftest import load_train_module
 BASE = "tiny-llm"
 RELCTL = str(Path(sys.executable).with_name("relctl"))
 SUPPORT = f"{BASE}-support"
-KEY = "ort-adapter-key"
-READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
-
-
-ADMIN_KEY = KEY  # /admin takes the server's API key here; with its own admin key (--admin-key) a key of its own
+KEY = "ort-adapter-key"          # completions (--api-key, RELCTL_API_KEY)
+ADMIN_KEY = "ort-adapter-admin"  # adapter switches (--admin-key, RELCTL_ADMIN_KEY)
 ENV = {"RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": ADMIN_KEY}
+READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
 FOLLOW_S = "1"  # the server reads the registry every second here (default 10)
 
 
@@ -101,7 +115,7 @@ def variant(result: Any, folder: Path, change: str) -> Any:
 
 def switch(url: str, model: str, version: str) -> httpx.Response:
     return httpx.post(f"{url}/admin/adapters", json={"model": model, "version": version}, timeout=60,
-                      headers={"Authorization": f"Bearer {KEY}"})
+                      headers={"Authorization": f"Bearer {ADMIN_KEY}"})
 
 
 @pytest.fixture(scope="module")
@@ -370,12 +384,179 @@ def test_the_server_holds_back_production_versions_not_bound_to_its_base(story: 
         lying = signed_adapter(project, story["root"] / "lying", tiny_run.checkpoint_dir, other, "1",
                                registry.get_version(BASE, "1").tags[T.BASE_SHA256], -2.0, manifest_base="2")
         why = wait_for("held back the signed package of another base", lambda: f"v{lying}" in held() and held())
-        assert f"built for {BASE} v2 (its signed package says so), not for {BASE} v1" in why, why
+        assert f"bound by its signed package to {BASE} v2" in why and f"would serve on, {BASE} v1" in why, why
         assert served(url).get(other) == original
         log = story["log"].read_text()
-        assert f"not switching {other}: production is v{tagged}" in log and f"{other} v{lying} was built for" in log
+        assert f"not switching {other}: production is v{tagged}" in log
+        assert f"{other} v{lying} is bound by its signed package to" in log
     finally:
         back = inline(project, "rollback", other, "--to", original)
         assert back.exit_code == 0, back.output
     wait_for("cleared what it held", lambda: held() == "")
     assert served(url).get(other) == original
+
+
+LOAD_REQUESTS = 10_000   # completions, each 1 token: the cheapest request that still runs the adapter in og
+LOAD_CLIENTS = 6         # concurrent clients, always more than the server's generator threads (a queue forms)
+SWITCH_PAUSE_S = 0.2     # between one switch's answer and the next switch
+
+
+async def _hammer(url: str, versions: list[str]) -> dict[str, Any]:
+    """LOAD_CLIENTS clients send LOAD_REQUESTS completions to SUPPORT while one admin client switches it between
+    `versions` until they are done; every status, every adapter version that answered, every switch's seconds."""
+    statuses: Counter[int] = Counter()
+    answered: Counter[str] = Counter()
+    failures: list[str] = []
+    switches: list[float] = []
+    left = LOAD_REQUESTS
+    done = asyncio.Event()
+    body = {"model": SUPPORT, "prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0}
+    async with aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=LOAD_CLIENTS + 1),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with session.post("/v1/completions", json=body,
+                                        headers={"Authorization": f"Bearer {KEY}"}) as r:
+                    text = await r.text()
+                    statuses[r.status] += 1
+                    if r.status == 200:
+                        answered[r.headers["X-Relctl-Adapter-Version"]] += 1
+                    elif len(failures) < 5:
+                        failures.append(f"HTTP {r.status}: {text[:300]}")
+
+        async def switcher() -> None:
+            while not done.is_set():
+                version = versions[len(switches) % 2]
+                async with session.post("/admin/adapters", json={"model": SUPPORT, "version": version},
+                                        headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
+                    answer = await r.json()
+                    assert r.status == 200 and answer["version"] == version, answer
+                    switches.append(answer["seconds"])
+                await asyncio.sleep(SWITCH_PAUSE_S)
+
+        switching = asyncio.create_task(switcher())
+        started = time.monotonic()
+        await asyncio.gather(*(client() for _ in range(LOAD_CLIENTS)))
+        elapsed = time.monotonic() - started
+        done.set()
+        await switching
+    return {"statuses": statuses, "answered": answered, "failures": failures, "switches": switches,
+            "seconds": elapsed}
+
+
+def test_no_request_fails_while_versions_switch_under_load(story: dict[str, Any], canaried: dict[str, Any]) -> None:
+    """The defect: switching v1 <-> v2 on the live base under concurrent clients gave HTTP 500 "adapter ... is
+    not loaded" (a request routed to the old version, then the switch unloaded it). Now a request keeps the
+    version it was routed to loaded until its job ends: >= 10,000 requests, switches all along, 0 failures."""
+    url = story["server"]["url"]
+    registry = Registry(resolve_store(story["project"]))
+    production = registry.aliases(SUPPORT)[PRODUCTION]
+    # v1 and the v2 the canary released (both servable); the last switch lands on production, as found
+    versions = sorted({canaried["before"][PRODUCTION], canaried["report"]["version"]}, key=production.__eq__)
+    assert len(versions) == 2 and all(registry.get_version(SUPPORT, v).tags[T.RELEASE_STATE] == "released"
+                                      for v in versions), (versions, canaried["report"].get("canary"))
+    run = asyncio.run(_hammer(url, versions))
+    switches = sorted(run["switches"])
+    print(f"switch under load: {sum(run['statuses'].values())} requests in {run['seconds']:.1f}s by {LOAD_CLIENTS} "
+          f"clients, {len(switches)} switches; statuses {dict(run['statuses'])}; answered by {dict(run['answered'])}; "
+          f"switch seconds min {switches[0]:.3f} median {switches[len(switches) // 2]:.3f} max {switches[-1]:.3f}")
+    assert run["statuses"] == Counter({200: LOAD_REQUESTS}), run["failures"]
+    assert len(switches) >= 20 and set(run["answered"]) == set(versions)   # both versions served, many times over
+    if len(switches) % 2:   # the last switch went to the other version: back to production
+        assert switch(url, SUPPORT, production).status_code == 200
+    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).json()
+    assert {a["served_name"]: a["version"] for a in listing["adapters"]}[SUPPORT] == production
+    # Nothing in flight any more: the replaced version was unloaded once its last request ended.
+    assert listing["draining"] == {}, listing
+    assert story["server_proc"].poll() is None and story["server_proc"].pid == story["server"]["pid"]
+
+
+def test_a_rejected_version_is_never_switched_to(story: dict[str, Any]) -> None:
+    """POST /admin/adapters for a version whose release state is rejected: 409 naming the rule, nothing served
+    changes (the state rules of alias moves: release/registry/states.py)."""
+    url = story["server"]["url"]
+    registry = Registry(resolve_store(story["project"]))
+    other = f"{BASE}-other"
+    version = registry.aliases(other)[PRODUCTION]
+    state = registry.get_version(other, version).tags[T.RELEASE_STATE]
+    registry.set_version_tag(other, version, T.RELEASE_STATE, "rejected")
+    try:
+        refused = switch(url, other, version)
+        pinned = httpx.post(f"{url}/admin/adapters", json={"model": f"{other}:{version}"}, timeout=60,
+                            headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    finally:
+        registry.set_version_tag(other, version, T.RELEASE_STATE, state)
+    for answer in (refused, pinned):
+        assert answer.status_code == 409 and "it is rejected" in answer.json()["error"]["message"], answer.text
+    # A completions key cannot switch at all.
+    as_client = httpx.post(f"{url}/admin/adapters", json={"model": other}, timeout=60,
+                           headers={"Authorization": f"Bearer {KEY}"})
+    assert as_client.status_code == 403, as_client.text
+
+
+def test_every_way_a_request_ends_gives_its_adapter_back(story: dict[str, Any]) -> None:
+    """A lease is taken when a request is routed to an adapter and given back however the request ends:
+    streamed to the end, left by its client after the first chunk, answered whole, refused after routing."""
+    url, auth = story["server"]["url"], {"Authorization": f"Bearer {KEY}"}
+    body = {"model": SUPPORT, "prompt": PROMPTS[0], "max_tokens": 100, "ignore_eos": True, "temperature": 0}
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60) as r:
+        assert r.status_code == 200 and list(r.iter_lines())[-2:] == ["data: [DONE]", ""]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=auth, timeout=60) as r:
+        assert r.status_code == 200 and next(r.iter_lines()).startswith("data: ")   # then the client leaves
+    assert httpx.post(f"{url}/v1/completions", json=body, headers=auth, timeout=60).status_code == 200
+    refused = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 100_000}, headers=auth, timeout=60)
+    assert refused.status_code == 400 and "max_tokens" in refused.text
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    deadline = time.monotonic() + 60
+    while (in_flight := httpx.get(f"{url}/admin/adapters", headers=admin, timeout=30).json()["in_flight"]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)   # the left stream's job stops at its next token
+    assert in_flight == {}
+
+
+def test_a_replaced_version_stays_loaded_for_the_request_holding_it(story: dict[str, Any], canaried: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """The table and the engine in process (og on the story's int4 base): a request holding v_old keeps it
+    loaded across a switch and generates with it; the engine unloads it once that request's job has ended;
+    a switch back to a version still draining takes it back without a second load (og would refuse one)."""
+    project = story["project"]
+    old_v, new_v = canaried["before"][PRODUCTION], canaried["report"]["version"]
+    old, new = engine_name(SUPPORT, old_v), engine_name(SUPPORT, new_v)
+    base = resolve_package(f"{BASE}/1", project)
+    fetch = registry_fetch(Registry(resolve_store(project)), BaseIdentity.of_package(base.manifest, BASE, "1"),
+                           tmp_path / "cache", project_trust(project), print)
+    engine = open_engine(base.manifest, ServerSettings(batching="off"), {})
+    table = AdapterTable(engine.runner, fetch)  # type: ignore[arg-type]
+    try:
+        table.switch(SUPPORT, old_v)
+        lease = table.acquire(SUPPORT)
+        assert lease is not None and lease.adapter.version == old_v
+        table.switch(SUPPORT, new_v)
+        assert table.draining() == {old: 1} and table.loaded() == sorted([old, new])
+
+        async def cancelled_after_first_piece() -> str | Finished:
+            params = GenerationParams(max_tokens=60, temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=(),
+                                      ignore_eos=True)
+            events = engine.generate(engine.encode(PROMPTS[0]), params, time.monotonic() + 60, adapter=old,
+                                     on_end=lease.release)
+            first = await anext(events)
+            await events.aclose()
+            return first
+
+        assert isinstance(asyncio.run(cancelled_after_first_piece()), str)   # v_old still generates
+        deadline = time.monotonic() + 60
+        while old in table.loaded() and time.monotonic() < deadline:
+            time.sleep(0.05)   # the cancelled job ends at its next token, then the unload thread runs
+        assert table.loaded() == [new] and table.draining() == {}
+        held = table.acquire(SUPPORT)
+        table.switch(SUPPORT, old_v)
+        assert held is not None and table.draining() == {new: 1}
+        table.switch(SUPPORT, new_v)   # back while it drains: no load (og refuses a name it holds)
+        assert table.draining() == {} and table.loaded() == [new]   # v_old had no request: unloaded at once
+        held.release()
+        assert table.in_flight() == {} and table.loaded() == [new]
+    finally:
+        table.close()
+        engine.close()

@@ -1,7 +1,9 @@
-"""precision: auto end to end (issue 29, step 4's must-show): one promote of the example with
-examples/tiny-llm/release-auto.yaml releases the cheapest variant that passes, and the frontier (each
-variant's paired quality difference with its interval vs its $/M output tokens, and why each other one was
-not taken) is in the report, the model card and the job summary.
+"""precision: auto end to end (issue 29, step 4's must-show; issue 38): one promote of the example with
+examples/tiny-llm/release-auto.yaml releases the cheapest variant that passes and that no other passing
+variant dominates on cost and paired quality, and the frontier (each variant's paired quality difference
+with its interval vs its $/M output tokens, and why each other one was not taken) is in the report, the model
+card and the job summary; the fp32 reference is scored once (the count is in the report), every long step
+prints its line, and promote says where report.html is.
 
 One promote: every variant onnxruntime-genai's installed builder makes on this CPU is built, validated,
 judged sample by sample against the fp32 reference and load-tested on the example's seeded plan (several
@@ -26,6 +28,7 @@ from release.config import load_config
 from release.gating.plugins import load_gates
 from release.pipeline.engines import EngineRow, tied
 from release.pipeline.precision_search import search_problems
+from release.pipeline.ranking import dominates
 from release.registry import Registry
 from release.registry.store import resolve_store
 from tests.conftest import load_train_module
@@ -72,14 +75,21 @@ def test_every_variant_is_measured_and_the_cheapest_that_passes_is_released(sear
     chosen = engines["chosen"]["precision"]
     winner = rows[chosen]
     assert winner["rejected"] is None and paired[f"onnxruntime-genai {chosen}"]["outcome"] == "non_inferior"
-    # Nothing that passed is cheaper than the release, unless within measured repeat noise (a tie).
+    # Issue 38: no passing variant dominates the release on cost and paired quality; one cheaper than it is
+    # either tied with it (repeat noise, or both capped at the sweep's top) or dominated by another.
     as_row = {p: EngineRow(**r) for p, r in rows.items()}
-    for precision, row in rows.items():
-        if precision == chosen or row["cost_per_million_tokens"] is None or not row["slo_met"]:
+    passing = [as_row[p] for p, r in rows.items() if r["slo_met"] and r["cost_per_million_tokens"] is not None
+               and paired.get(f"onnxruntime-genai {p}", {}).get("outcome") == "non_inferior"]
+    assert as_row[chosen].quality is not None and not any(dominates(o, as_row[chosen]) for o in passing)
+    for row in passing:
+        if row.precision == chosen:
             continue
-        assert row["rejected"].startswith(("dearer", "tie with")), row
-        if row["cost_per_million_tokens"] < winner["cost_per_million_tokens"]:
-            assert tied(as_row[precision], as_row[chosen])
+        assert rows[row.precision]["rejected"].startswith(("dearer", "tie with", "dominated by")), row
+        if row.cost_per_million_tokens < winner["cost_per_million_tokens"]:
+            assert tied(row, as_row[chosen]) or any(dominates(o, row) for o in passing)
+    capped = [r for r in passing if r.capped]
+    if capped:  # the sweep's top rate reached: said on the chosen line, with the fix
+        assert "widen gates.load.sweep_rates" in engines["why"][0]
     # The release is that variant's build: the package records it, and the version says it.
     assert report["precision"] == chosen and report["outcome"] == "released"
     version = searched["registry"].get_version("tiny-llm", report["version"])
@@ -87,14 +97,40 @@ def test_every_variant_is_measured_and_the_cheapest_that_passes_is_released(sear
     assert any(line.startswith(f"chosen: onnxruntime-genai {chosen}") for line in engines["why"])
 
 
+def test_the_reference_is_scored_once_and_every_step_says_so(searched: dict[str, Any]) -> None:
+    # Issue 38: the fp32 reference's eval rows are scored once (batched), by the search, and reused by the
+    # release's own eval gate; the count is in the report and the card.
+    scoring = searched["report"]["reference_scoring"]
+    assert scoring["scorings"] == 1, scoring
+    assert [u["by"] for u in scoring["uses"] if u["scored"]] == ["precision: auto"]
+    assert "eval gate" in [u["by"] for u in scoring["uses"] if not u["scored"]]
+    assert "fp32 reference scored on the eval set once in this release" in searched["card"]
+    # Every long step prints its line, marked by its outcome: a passing step is never the warning's `!`.
+    stderr = searched["stderr"]
+    assert "✓ reference eval" in stderr and "✓ paired eval onnxruntime-genai" in stderr
+    assert "✓ load onnxruntime-genai" in stderr
+    assert not [line for line in stderr.splitlines() if line.startswith("!") and (" pass" in line or
+                                                                                 "non_inferior" in line)]
+
+
+def test_promote_says_where_the_report_page_is_and_it_leads_with_the_release(searched: dict[str, Any]) -> None:
+    report = searched["report"]
+    where = next(line for line in searched["stderr"].splitlines() if line.startswith("→ report: "))
+    page = Path(where.split("(file: ")[1].rstrip(")")).read_text()
+    assert f"<h1>tiny-llm v{report['version']} — Released</h1>" in page
+    assert f">{report['precision']}</td>" in page and ">onnxruntime-genai</td>" in page
+    assert "Precision frontier (precision: auto)" in page and "Validation against the fp32 reference" in page
+    assert "data:image/png;base64," in page
+
+
 def test_the_frontier_is_in_the_report_card_and_job_summary(searched: dict[str, Any]) -> None:
     search = searched["report"]["engines"]["precision_search"]
     frontier = search["frontier"]
     assert len(frontier) == len(searched["report"]["engines"]["rows"])
-    # One released variant (a tie within repeat noise may take one just off the strict frontier); the
+    # One released variant, on the frontier (the choice and the frontier apply one dominance rule); the
     # frontier holds only variants that passed their paired eval.
     assert len([e for e in frontier if e["chosen"]]) == 1
-    assert any(e["on_frontier"] for e in frontier)
+    assert all(e["on_frontier"] for e in frontier if e["chosen"])
     assert all(e["paired"] == "non_inferior" for e in frontier if e["on_frontier"])
     judged = [e for e in frontier if e["paired"]]
     assert judged and all(m["interval"][0] <= m["difference"] <= m["interval"][1]

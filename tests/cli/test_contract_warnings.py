@@ -17,7 +17,9 @@ from release.registry.store import connect, ensure_experiment, resolve_store
 
 REPO = Path(__file__).resolve().parents[2]
 RELCTL = Path(sys.executable).parent / "relctl"
-WARNINGS = ("has no mlflow.source.git.commit tag", "records no data digests")
+WARNINGS = ("has no mlflow.source.git.commit tag", "records no data digests",
+            # gates.eval.separator (gates/eval_data.py): expected strings that already carry their separator
+            "gates.eval: 2 of 3 expected strings in eval.jsonl start with whitespace")
 
 
 def checkpoint_only_run(project: Path) -> str:
@@ -40,6 +42,15 @@ def checkpoint_only_run(project: Path) -> str:
 @pytest.mark.parametrize("command", ["check", "promote"])
 def test_contract_warnings_print_once_each_on_its_own_line(project_dir: Path, command: str) -> None:
     run_id = checkpoint_only_run(project_dir)
+    # An eval set of model continuations (" b a"), scored with the gate's default separator: a warning that
+    # names the count and the fix, from the eval gate's warnings hook on the run's data/eval.jsonl.
+    rows = [{"prompt": "reverse a b ->", "expected": " b a"}, {"prompt": "reverse c d ->", "expected": " d c"},
+            {"prompt": "reverse e f ->", "expected": "f e"}]
+    (project_dir / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    MlflowClient(tracking_uri=resolve_store(project_dir).tracking_uri).log_artifact(
+        run_id, str(project_dir / "eval.jsonl"), "data")
+    (project_dir / "release.yaml").write_text("gates:\n  eval:\n    metrics: [exact_match, token_accuracy]\n"
+                                              "    thresholds: {exact_match: {threshold: 0.5}}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env["PYTHONPATH"] = str(REPO)
     done = subprocess.run([str(RELCTL), "--project-dir", str(project_dir), command, run_id], capture_output=True,
@@ -54,6 +65,8 @@ def test_contract_warnings_print_once_each_on_its_own_line(project_dir: Path, co
     first_error = next(i for i, line in enumerate(lines) if line.startswith("error: "))
     assert all(i < first_error for i, line in enumerate(lines) if any(w in line for w in WARNINGS)), done.stderr
     assert any("has no validation prompts" in line for line in lines if line.startswith("error: "))
+    separator = next(line for line in lines if WARNINGS[2] in line)
+    assert "prompt + separator ' ' + expected" in separator and "set gates.eval.separator: ''" in separator
 
 
 # Runs `relctl ARGS...` in this interpreter the way the console script does, then reports sys.modules.

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import onnx
@@ -55,8 +56,10 @@ def keypair(folder: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def genai_package(root: Path, name: str, provider: str, model: str = "tiny-llm") -> Path:
-    """An onnxruntime-genai package built for `provider` (its genai_config.json's session options say so)."""
+def genai_package(root: Path, name: str, provider: str, model: str = "tiny-llm",
+                  lineage: dict[str, Any] | None = None) -> Path:
+    """An onnxruntime-genai package built for `provider` (its genai_config.json's session options say so).
+    `lineage`: what a release records (the checkpoint's base digest, which adapters are bound by)."""
     runtime, source = root / f"{name}-rt", root / f"{name}-src"
     runtime.mkdir()
     source.mkdir()
@@ -69,7 +72,7 @@ def genai_package(root: Path, name: str, provider: str, model: str = "tiny-llm")
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], name, [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(runtime / "model.onnx"))
     (source / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    fields = {"model_name": model, "precision": "int4" if provider == "cpu" else "fp16", "lineage": {},
+    fields = {"model_name": model, "precision": "int4" if provider == "cpu" else "fp16", "lineage": lineage or {},
               "serving": {}}
     build_package(root / name, runtime, source, fields, get_backend("onnxruntime-genai"))
     return root / name

@@ -85,11 +85,51 @@ def test_lower_is_better_is_oriented_so_positive_means_candidate_better() -> Non
     assert worse.difference == pytest.approx(-result.difference) and worse.outcome == "inferior"
 
 
-def test_identical_continuous_scores_give_a_zero_width_interval() -> None:
-    ids = ("a", "b", "c")
-    side = SampleScores("token_accuracy", "continuous", True, ids, (0.5, 0.7, 0.9))
-    result = compare(side, side, margin=0.01)
-    assert result.interval == (0.0, 0.0) and result.outcome == "non_inferior"
+def _continuous(metric: str, values: list[float], bounds: tuple[float, float] | None = None) -> SampleScores:
+    ids = tuple(f"row-{i}" for i in range(len(values)))
+    higher = metric != "perplexity"
+    if bounds is None:
+        return SampleScores(metric, "continuous", higher, ids, tuple(values))
+    return SampleScores(metric, "continuous", higher, ids, tuple(values), bounds=bounds)
+
+
+@pytest.mark.parametrize(("metric", "bounds"), [("token_accuracy", (0.0, 1.0)), ("perplexity", None)])
+def test_one_row_is_underpowered_never_a_zero_width_pass(metric: str, bounds: tuple[float, float] | None) -> None:
+    one = _continuous(metric, [0.5], bounds)
+    result = compare(one, one, margin=0.05)
+    assert result.outcome == "underpowered" and not result.passed
+    assert "1 row: a continuous metric decides from 30 rows" in result.describe()
+    assert result.needed_n is not None and result.needed_n >= 30
+
+
+@pytest.mark.parametrize(("metric", "bounds"), [("token_accuracy", (0.0, 1.0)), ("perplexity", None)])
+def test_three_rows_a_hundredth_apart_are_underpowered(metric: str, bounds: tuple[float, float] | None) -> None:
+    base = _continuous(metric, [0.5, 0.5, 0.5], bounds)
+    cand = _continuous(metric, [0.49, 0.5, 0.51], bounds)
+    result = compare(cand, base, margin=0.05)
+    # Student's t alone would say [-0.025, +0.025]: inside the margin; three rows still decide nothing.
+    assert result.outcome == "underpowered" and "3 rows" in result.describe()
+    assert result.interval[0] <= -0.0248
+
+
+def test_identical_rows_of_a_bounded_metric_are_no_more_certain_than_a_binary_metric() -> None:
+    """64 identical rows of token accuracy (in [0, 1]): up to z^2/(n + z^2) = 5.66 % of rows could still differ
+    by the whole range, so the interval is +-0.0566, not [0, 0]: a 0.05 margin needs 73 rows, 0.06 passes."""
+    side = _continuous("token_accuracy", [0.25, 0.5, 1.0, 0.75] * 16, (0.0, 1.0))
+    result = compare(side, side, margin=0.05)
+    assert result.interval == pytest.approx((-3.8415 / 67.8415, 3.8415 / 67.8415), abs=1e-4)
+    assert result.outcome == "underpowered" and result.needed_n == 73 and "(range floor)" in result.describe()
+    assert compare(side, side, margin=0.06).outcome == "non_inferior"
+    bigger = _continuous("token_accuracy", [0.25, 0.5, 1.0, 0.75] * 18 + [0.5], (0.0, 1.0))
+    assert compare(bigger, bigger, margin=0.05).outcome == "non_inferior"   # 73 rows decide
+    # With no known range (perplexity's per-row NLL), 64 identical rows are real evidence: [0, 0] passes.
+    nll = _continuous("perplexity", [0.25, 0.5, 1.0, 0.75] * 16)
+    assert compare(nll, nll, margin=0.01).interval == (0.0, 0.0)
+
+
+def test_a_value_outside_the_metrics_bounds_is_refused() -> None:
+    with pytest.raises(ValueError, match="1 values lie outside its bounds"):
+        _continuous("token_accuracy", [0.5, 1.5], (0.0, 1.0))
 
 
 def test_samples_on_one_side_only_are_named_with_counts() -> None:

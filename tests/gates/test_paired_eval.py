@@ -161,7 +161,7 @@ def test_a_small_eval_set_is_underpowered_never_a_pass(trained_package: Path, ev
     assert em["difference"] == 0 and em["outcome"] == "underpowered" and em["needed_n"] > 12
     assert outcomes[("exact_match", "fp32 reference")]["outcome"] == "underpowered"
     assert result.status == "underpowered" and blocks(result.status)
-    assert f"underpowered (needs about {em['needed_n']} samples)" in result.reason
+    assert f"underpowered (needs about {em['needed_n']} samples for 80% power)" in result.reason
 
 
 def test_relctl_gate_exits_1_on_underpowered(trained_package: Path, eval_set: Path, tmp_path: Path) -> None:

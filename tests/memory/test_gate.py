@@ -98,3 +98,20 @@ def test_cold_start_is_measured_against_production_in_the_same_run(tmp_path: Pat
     strict = MemoryGate(replace_cfg(cfg, max_cold_start_ratio=1e-6, cold_start_slack_s=0))
     blocked = strict.run(context(tmp_path, built["int4"], production=built["fp32"]))
     assert blocked.status == "fail" and "cold start" in blocked.reason
+
+
+def test_identical_packages_get_one_capacity_with_or_without_production(tmp_path: Path) -> None:
+    # Issue 38: a first release planned the replica being replaced as one like the candidate, re-sized with
+    # each concurrency tried (per rollout); a later release of the same package held production's at the
+    # planned load (per replica beside it): 1,218 and 2,433 sequences for one plan.
+    package = seven_b_package(tmp_path / "pkg")
+    production = seven_b_package(tmp_path / "prod")
+    cfg = MemoryConfig(gpu="H100-80GB", concurrency=4, context=4096, cold_start=False)
+    first = MemoryGate(cfg).run(context(tmp_path / "first", package))
+    later = MemoryGate(cfg).run(context(tmp_path / "later", package, production))
+    assert first.status == later.status == "pass"
+    assert first.metrics["max_concurrency"] == later.metrics["max_concurrency"]
+    assert first.reason == later.reason
+    capacity = int(first.metrics["max_concurrency"])
+    assert f"up to {capacity} sequences at 4096 tokens" in later.reason
+    assert later.details["overlap_from"] == "production, planned as the candidate's own (the same replica)"

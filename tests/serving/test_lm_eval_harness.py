@@ -94,6 +94,9 @@ def test_served_log_likelihoods_equal_the_pytorch_reference(trained_package: Pat
     by_metric = {s.metric: s for s in run.scores}
     acc = by_metric[f"lm_eval/{TASK}/acc"]
     assert acc.kind == "binary" and acc.ids == tuple(sorted(served, key=int)) and acc.mean > 0.5
+    # The task's own score beside production's (none here), as the gate's line, card and summary show it.
+    shown = {s["metric"]: s for s in results.task_scores()}
+    assert shown["acc"]["candidate"] == acc.mean and shown["acc"]["production"] is None and shown["acc"]["own"]
     target = by_metric[f"lm_eval/{TASK}/target_loglikelihood"]
     assert target.kind == "continuous"
     assert all(abs(v - reference[i][0]) < TOLERANCE for i, v in zip(target.ids, target.values, strict=True))

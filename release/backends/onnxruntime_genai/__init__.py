@@ -8,7 +8,7 @@ Heavy imports (onnxruntime_genai, onnx) happen inside the methods: finding the b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from release.backends.base import (
+    AdapterMount,
     AdapterRunner,
     Backend,
     BatchProbe,
@@ -172,8 +173,9 @@ class OnnxruntimeGenaiBackend(Backend):
     def plot_plan(self, plan: EnginePlan, out: Path) -> Path:
         from release.backends.onnxruntime_genai.plot import plot_plan  # noqa: PLC0415 - loads matplotlib
 
-        overlap = plan.native.breakdown.overlap if plan.target.rollout_overlap else None
-        return plot_plan(plan.native, out, overlap)
+        # The curve re-plans the replica being replaced as the plan did (its bytes, or one like this re-sized
+        # with each concurrency), so it crosses the budget at the plan's own largest concurrency.
+        return plot_plan(plan.native, out, plan.native.overlap_bytes)
 
     def plan_lines(self, plan: EnginePlan) -> list[str]:
         from release.backends.onnxruntime_genai.verdict import plan_lines  # noqa: PLC0415
@@ -222,6 +224,11 @@ class OnnxruntimeGenaiBackend(Backend):
         from release.backends.onnxruntime_genai.adapter_runner import GenaiAdapterRunner  # noqa: PLC0415
 
         return GenaiAdapterRunner(model_dir, settings, adapters)
+
+    def adapter_deploy_args(self, adapters: Sequence[AdapterMount]) -> list[str]:
+        # Its packages are served by `relctl serve` (templates/kserve-inferenceservice.yaml), which loads each
+        # pinned package folder the init containers pulled, verifying it and its binding to the base again.
+        return [arg for a in adapters for arg in ("--adapter-package", f"{a.model}/{a.version}={a.package_dir}")]
 
     def open_runner(self, model_dir: Path, settings: ServerSettings) -> Runner:
         from release.backends.onnxruntime_genai.runner import GenaiRunner  # noqa: PLC0415 - native libraries

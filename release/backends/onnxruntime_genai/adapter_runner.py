@@ -68,9 +68,12 @@ class GenaiAdapterRunner(GenaiRunner):
     def load_adapter(self, name: str, folder: Path) -> None:
         path = adapter_file(folder)
         with self._lock:
-            if name in self._loaded or name in self._retiring:
+            if name in self._loaded:
                 raise InputError(f"adapter {name} is already loaded", hint="load a new version under its own name")
-            self._adapters.load(str(path), name)
+            if name in self._retiring:  # og still holds it (its unload was deferred): serve it again as it is
+                self._retiring.discard(name)
+            else:
+                self._adapters.load(str(path), name)
             self._loaded.add(name)
 
     def unload_adapter(self, name: str) -> None:

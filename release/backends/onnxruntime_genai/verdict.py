@@ -47,6 +47,7 @@ class MemoryPlan:
     max_context: int
     alternatives: list[Alternative]
     gpus_needed: int | None
+    overlap_bytes: int | None = None  # the replica being replaced (None: one like this, re-sized with the load)
 
     @property
     def fits(self) -> bool:
@@ -112,7 +113,7 @@ def make_plan(spec: ModelSpec, target: Target, overlap_bytes: int | None = None)
     return MemoryPlan(spec=spec, target=target, breakdown=breakdown(spec, target, overlap_bytes),
                       max_concurrency=max_concurrency(spec, target, overlap_bytes),
                       max_context=max_context(spec, target, overlap_bytes), alternatives=alternatives,
-                      gpus_needed=gpus_needed(spec, target, overlap_bytes))
+                      gpus_needed=gpus_needed(spec, target, overlap_bytes), overlap_bytes=overlap_bytes)
 
 
 def load_spec(path: Path, precision: Precision | None, provider: Provider) -> ModelSpec:
@@ -158,7 +159,7 @@ def engine_plan(plan: MemoryPlan, engine: str) -> EnginePlan:
 
 def with_target(plan: MemoryPlan, **changes: Any) -> MemoryPlan:
     """The same spec re-planned on a changed target (used by the plot)."""
-    return make_plan(plan.spec, replace(plan.target, **changes))
+    return make_plan(plan.spec, replace(plan.target, **changes), plan.overlap_bytes)
 
 
 def _model_line(plan: MemoryPlan) -> str:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.backends.base import (
+    AdapterMount,
     AdapterRunner,
     Backend,
     Deploy,
@@ -356,11 +357,10 @@ class VllmBackend(Backend):
 
         return VllmRunner.start(self, model_dir, settings, adapters)
 
-    def adapter_deploy_args(self, adapters: Mapping[str, tuple[str, int]]) -> list[str]:
+    def adapter_deploy_args(self, adapters: Sequence[AdapterMount]) -> list[str]:
         from release.backends.vllm import adapters as lora  # noqa: PLC0415 - as above
 
-        return lora.flags({name: folder for name, (folder, _) in adapters.items()},
-                          [rank for _, rank in adapters.values()])
+        return lora.flags({a.model: a.folder for a in adapters}, [a.rank for a in adapters])
 
     def server_command(self, model_dir: Path, served_name: str, host: str, port: int,
                        settings: ServerSettings | None = None, max_logprobs: int = 20) -> ServerCommand:
