@@ -2,7 +2,8 @@
 
     relctl --help                       vs  python -c "import click"
     relctl status MODEL                 vs  MlflowClient doing the same reads (the model, then per alias its
-                                            version, its release run and its LoggedModel when it has one)
+                                            version, its release run and its LoggedModel when it has one, and
+                                            the one search for adapters built for the model)
     relctl history MODEL                vs  MlflowClient reading the registered model (its tags hold the history)
     relctl check RUN  (refused)         vs  python -c "import mlflow"
     relctl promote RUN (refused)        vs  python -c "import mlflow"
@@ -52,6 +53,7 @@ for alias, version in sorted(model.aliases.items()):
     client.get_run(mv.tags["relctl.release_run_id"])
     if getattr(mv, "model_id", None):
         client.get_logged_model(mv.model_id)
+client.search_model_versions(f"tags.`relctl.kind` = 'adapter' and tags.`relctl.base_model` = '{name}'")
 """
 
 FLOOR_HISTORY = """

@@ -108,12 +108,15 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
               help="With --onto and gates.canary: the running `relctl serve BASE --adapters` the new version is "
                    "canaried on against the adapter's production (its admin key in RELCTL_ADMIN_KEY, its "
                    "completions key, if any, in RELCTL_API_KEY).")
+@click.option("--strand-adapters", is_flag=True,
+              help="Release a base even though production adapters were built for the production version it "
+                   "replaces (release.yaml: release.strand_adapters: true); refused otherwise, naming them.")
 @json_option
 @click.pass_obj
 @handled
 def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | None, model_name: str | None,
             dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, canary_server: str | None,
-            as_json: bool) -> None:
+            strand_adapters: bool, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
     from release.commands import api
     from release.core.progress import Progress
@@ -138,7 +141,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
     if canary_server is not None:
         raise InputError("--server: the base server of an adapter's canary; it goes with --onto",
                          hint="relctl promote RUN --onto BASE@production --server URL")
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = {"release.strand_adapters": True} if strand_adapters else {}
     if precision:
         overrides["convert.precision"] = precision
     if model_name:
@@ -233,8 +236,9 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
 @click.option("--allow-unreleased", is_flag=True,
               help="Allow a target that never passed its gates (rejected, stopped, registering); recorded.")
 @click.option("--server", "server_url", metavar="URL",
-              help="An adapter's rollback: then switch the adapter on this running base (relctl serve --adapters; "
-                   "its admin key in RELCTL_ADMIN_KEY), no base restart.")
+              help="An adapter's rollback: checked first (RELCTL_ADMIN_KEY, the server answers and runs the "
+                   "adapter's base), then the alias moves and the adapter is switched on this running base (relctl "
+                   "serve --adapters), no base restart.")
 @click.option("--strand-adapters", is_flag=True,
               help="Roll a base back even though production adapters were built for the version it leaves.")
 @json_option
@@ -246,17 +250,20 @@ def rollback(ctx: Ctx, model: str, to_version: str | None, reason: str, allow_un
     from release.commands import api
 
     # The split is printed so that a test or a benchmark reads it, never guesses it from the wall clock: start
-    # (interpreter, CLI), registry_open, verify (the target's package), alias_move, switch (on the server).
+    # (interpreter, CLI), registry_open, verify (the target's package), probe (the server), alias_move, switch.
     seconds = {"start": round(time.monotonic() - STARTED, 3)}
-    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased,
-                        strand_adapters=strand_adapters, seconds=seconds)
+    server = None
     if server_url:
-        from release.adapters.rollback import reload_on_server
+        from release.adapters.rollback import switch_server
 
-        reloaded = reload_on_server(server_url, model)  # the server's admin key: RELCTL_ADMIN_KEY
-        seconds |= {"switch": reloaded["seconds"], "switch_round_trip": reloaded["round_trip_s"]}
-        click.echo(f"{server_url} serves {model} v{reloaded['version']} (was v{reloaded['replaced']}; switched in "
-                   f"{reloaded['seconds']:.2f}s, the base kept serving)", err=True)
+        server = switch_server(server_url)  # no admin key: refused before the registry is opened
+    move = api.rollback(model, ctx.project_dir, reason, to_version, allow_unreleased=allow_unreleased,
+                        strand_adapters=strand_adapters, seconds=seconds, server=server)
+    if server is not None:
+        switched = server.answer
+        seconds |= {"switch": switched["seconds"], "switch_round_trip": switched["round_trip_s"]}
+        click.echo(f"{server_url} serves {model} v{switched['version']} (was v{switched['replaced']}; switched in "
+                   f"{switched['seconds']:.2f}s, the base kept serving)", err=True)
     frm, to = move.changes["production"]
     engines = api.engine_labels(model, ctx.project_dir)
     shown = {v: engines.get(v, "engine not recorded") for v in (frm, to) if v is not None}
@@ -351,6 +358,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
     data = api.status(model, ctx.project_dir)
 
     def text() -> None:
+        from release.commands.serving_view import adapter_lines, server_lines
+
         if model is None:
             click.echo("\n".join(terminal(m) for m in data["models"]) or "no registered models")
             return
@@ -361,6 +370,8 @@ def status(ctx: Ctx, model: str | None, as_json: bool) -> None:
                        f"{info['precision'] or 'unknown precision'}) from run "
                        f"{info['training_run'] or 'unknown'} (commit {commit}; gates: {gates}; "
                        f"{info['signature']}{'; ' + info['approval'] if info['approval'] else ''})"))
+        for line in [*adapter_lines(data), *server_lines(data["servers"])]:
+            click.echo(terminal(line))
 
     emit(data, as_json, text)
 

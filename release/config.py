@@ -193,15 +193,19 @@ class ModeConfig(Strict):
                               "LoRA released onto the serving base `onto`, unmerged (docs/adapters.md)")
     onto: str | None = Field(None, description="mode adapter: the serving base, MODEL@ALIAS or MODEL/VERSION (as "
                                                "promote --onto); `model` then names the adapter's registered model")
+    strand_adapters: bool = Field(
+        False, description="mode merged: release even when production moves off a version that production adapters "
+                           "were built for (they serve on no production base until released onto the new one); "
+                           "default: refused, exit 2 naming them, before any slow stage (as promote --strand-adapters)")
 
     @field_validator("onto")
     @classmethod
     def _target(cls, value: str | None) -> str | None:
         if value is not None:
-            from release.adapters.target import parse_target  # noqa: PLC0415 - only when an adapter is named
+            from release.registry.refs import ONTO, parse_ref  # noqa: PLC0415 - only when an adapter is named
 
             try:
-                parse_target(value)
+                parse_ref(value, ONTO)
             except InputError as exc:
                 raise ValueError(f"{exc.message.removeprefix('--onto').lstrip(': ')}; {exc.hint}") from exc
         return value
@@ -271,9 +275,9 @@ class ReleaseConfig(Strict):
     def _adapter_is_its_own_model(self) -> ReleaseConfig:
         # An adapter registered under its base's name would become a version of the base: refused here.
         if self.release.onto is not None and self.model is not None:
-            from release.adapters.target import parse_target  # noqa: PLC0415 - as in ModeConfig
+            from release.registry.refs import ONTO, parse_ref  # noqa: PLC0415 - as in ModeConfig
 
-            if parse_target(self.release.onto).model == self.model:
+            if parse_ref(self.release.onto, ONTO).model == self.model:
                 raise ValueError(f"model '{self.model}' is the base that release.onto names; an adapter is its own "
                                  f"registered model: set model to e.g. {self.model}-support, or remove it")
         return self

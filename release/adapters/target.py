@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from release.core.errors import InputError
-from release.core.model_name import check_model_name, check_version_number
+from release.registry.refs import ONTO, ModelRef, parse_ref
 
-HINT = "name the serving base as MODEL@production (an alias) or MODEL/3 (a version)"
-
-
-@dataclass(frozen=True)
-class BaseTarget:
-    model: str
-    alias: str | None = None
-    version: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.model}@{self.alias}" if self.alias else f"{self.model}/{self.version}"
+BaseTarget = ModelRef  # the base an adapter goes onto: a registered version by alias or number
 
 
 def parse_target(spec: str) -> BaseTarget:
-    """The base named by `spec`, or InputError (exit 2) before any registry call."""
-    if "@" in spec:
-        model, alias = spec.split("@", 1)
-        if not alias or not alias.replace("-", "").replace("_", "").isalnum():
-            raise InputError(f"--onto {spec!r}: '{alias}' is not an alias name", hint=HINT)
-        return BaseTarget(check_model_name(model, "--onto"), alias=alias)
-    if "/" in spec:
-        model, version = spec.rsplit("/", 1)
-        return BaseTarget(check_model_name(model, "--onto"), version=check_version_number(version, "--onto"))
-    raise InputError(f"--onto {spec!r} names no base version", hint=HINT)
+    """The base named by `spec`, or InputError (exit 2) before any registry call (release/registry/refs.py:
+    the one parser of MODEL@ALIAS and MODEL/VERSION)."""
+    return parse_ref(spec, ONTO)
 
 
 def adapter_onto(onto: str | None, project_dir: Path, config_path: Path | None) -> str | None:

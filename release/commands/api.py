@@ -17,14 +17,16 @@ from release.core.errors import InputError, RegistryError
 from release.core.escape import markdown
 from release.core.model_name import check_model_name, check_version_number
 from release.core.package import LEGACY_BACKEND
-from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry, links
+from release.registry import PREVIOUS, PRODUCTION, AliasMove, Registry, links, transitions
 from release.registry import tags as T
 from release.registry.aliases import history_from_tags
 from release.registry.client import open_registry
+from release.registry.refs import APPROVE, parse_version, serve_ref
 from release.registry.store import connect, resolve_store
 from release.signing.keys import project_signing_key, project_trust
 
 if TYPE_CHECKING:
+    from release.adapters.rollback import SwitchServer
     from release.core.progress import Progress
     from release.pipeline.report import ReleaseReport
 
@@ -83,15 +85,19 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,
              progress: Progress | None = None, allow_unreleased: bool = False,
-             strand_adapters: bool = False, seconds: dict[str, float] | None = None) -> AliasMove:
+             strand_adapters: bool = False, seconds: dict[str, float] | None = None,
+             server: SwitchServer | None = None) -> AliasMove:
     """Point `production` back at the version it replaced (or `to_version`), after verifying its package.
 
     The target is chosen under the model's lock from the aliases as they are then, so two rollbacks at
-    once cannot both act on the same state: the second sees the first's result. A target whose state
-    the alias rule refuses (registry/states.py: rejected, stopped, registering) needs `allow_unreleased`.
-    `seconds`, when given, receives where the time went: registry_open (MLflow's store, its imports
-    included), verify (download and signature check of the target's package), alias_move (the move under
-    the lock, the card's rollback line).
+    once cannot both act on the same state: the second sees the first's result (transitions.rollback). A
+    target whose state the alias rule refuses (registry/states.py: rejected, stopped, registering) needs
+    `allow_unreleased`. An adapter's target must be built for its base's production version (its signed
+    package decides). `server` (an adapter's --server, its admin key checked already): probed before the
+    alias moves, switched after (release/adapters/rollback.py has the order). `seconds`, when given, receives
+    where the time went: registry_open (MLflow's store, its imports included), verify (download and signature
+    check of the target's package), probe (the server), alias_move (the move under the lock, the card's
+    rollback line), switch_call (the switch on the server, the round trip).
     """
 
     spent = seconds if seconds is not None else {}
@@ -106,6 +112,12 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
     check_model_name(model, "model")  # before the store is opened: a bad name touches nothing
     if to_version is not None:
         check_version_number(to_version, "--to")
+    from release.adapters.rollback import (  # noqa: PLC0415 - adapters: not for the read commands
+        probe_server,
+        refuse_other_base,
+        refuse_stranding,
+        switch_after_move,
+    )
     from release.core.progress import Progress  # noqa: PLC0415 - package checks: not for the read commands
     from release.pipeline.approve import require_approved  # noqa: PLC0415 - as above
     from release.registry.versions import fetch_verified  # noqa: PLC0415 - as above
@@ -123,46 +135,44 @@ def rollback(model: str, project_dir: Path, reason: str, to_version: str | None 
         with tempfile.TemporaryDirectory() as tmp:
             # refuses a package that differs from its release, is not signed by a trusted key, or vouches for
             # another version; then a version released under require_approval needs its signed approval
-            _package, verdict = fetch_verified(registry, model, target, Path(tmp), trust=trust,
-                                               warn=(progress or Progress(quiet=False)).note)
+            package, verdict = fetch_verified(registry, model, target, Path(tmp), trust=trust,
+                                              warn=(progress or Progress(quiet=False)).note)
         require_approved(registry, model, target, verdict, trust)
-        verified.add(target)
+        bound = refuse_other_base(registry, model, target, package)  # an adapter: onto its base's production
         lap("verify")
+        if server is not None:
+            if bound is None:
+                raise InputError(f"--server {server.url}: {model} is a whole model, not an adapter; nothing moved",
+                                 hint=f"roll it back without --server (relctl rollback {model}), then redeploy it")
+            probe_server(server, f"{model} v{target}", package)  # before the alias moves: the switch can follow
+            lap("probe")
+        verified.add(target)
+
+    def check(target: str, aliases: dict[str, str]) -> None:
+        """Under the lock: the target as the aliases are now (verified again only if it changed)."""
+        if not strand_adapters:
+            refuse_stranding(registry, model, aliases.get(PRODUCTION), target)
+        if target not in verified:
+            verify(target)
 
     # Verified before the lock is taken (a download can be slow); again under it only if the target changed.
     seen = registry.aliases(model)
     guess = to_version or seen.get(PREVIOUS)
     if guess is not None and guess != seen.get(PRODUCTION):
         if not strand_adapters:  # before the download: refused in seconds (and again under the lock)
-            from release.adapters.rollback import refuse_stranding  # noqa: PLC0415
-
             refuse_stranding(registry, model, seen.get(PRODUCTION), guess)
         verify(guess)
 
-    def decide(aliases: dict[str, str]) -> dict[str, str | None]:
-        target = to_version or aliases.get(PREVIOUS)
-        if target is None:
-            raise InputError(f"{model}: no '{PREVIOUS}' alias, so there is nothing to roll back to",
-                             hint="pass --to VERSION to choose a version explicitly")
-        if target == aliases.get(PRODUCTION):
-            raise InputError(f"{model}: production already is v{target}", hint="pass --to VERSION for another version")
-        if target not in verified:
-            verify(target)
-        if not strand_adapters:
-            from release.adapters.rollback import refuse_stranding  # noqa: PLC0415
-
-            refuse_stranding(registry, model, aliases.get(PRODUCTION), target)
-        # The new `previous` is whatever the target replaced when it was promoted (none: no previous).
-        return {PRODUCTION: target, PREVIOUS: registry.replaced_by(model, target)}
-
-    move, notes = registry.locked_move(model, decide, "rollback", reason, release_run=None,
-                                       override=allow_unreleased)
+    move, notes = transitions.rollback(registry, model, to_version, check, reason, override=allow_unreleased)
     for note in notes:
         (progress or Progress(quiet=True)).note(note)
     if move is None:
         raise InputError(f"{model}: the rollback would change nothing", hint="check `relctl status` for the aliases")
     mark_rolled_back(registry, model, move)
     lap("alias_move")
+    if server is not None:
+        switch_after_move(server, model, move, project_dir)
+        lap("switch_call")
     return move
 
 
@@ -199,7 +209,6 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
     its manifest and signed by a trusted key. Unsigned is refused here whatever signing.unsigned says."""
     from release.core.package import verify_package  # noqa: PLC0415 - keeps api's import light
     from release.registry.versions import fetch_verified  # noqa: PLC0415 - as above
-    from release.serving.source import parse_spec  # noqa: PLC0415 - as above
     from release.signing.package import verify_signature  # noqa: PLC0415 - as above
 
     trust = project_trust(project_dir)
@@ -211,21 +220,21 @@ def verify(spec: str, project_dir: Path) -> dict[str, Any]:
         return {"package": spec, "signature": verdict.status, "signed_by": verdict.signed_by,
                 "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
                 **_adapter_binding(package, Path(spec).name, None)}
-    ref = parse_spec(spec)
+    ref = serve_ref(spec)
     registry = open_registry(project_dir)
     version = ref.version
     if version is None:
-        found = registry.version_for(ref.name, str(ref.alias))
+        found = registry.version_for(ref.model, str(ref.alias))
         if found is None:
-            raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.name}")
+            raise InputError(f"{spec}: no such model or alias in the registry", hint=f"relctl status {ref.model}")
         version = str(found.version)
-    mv = registry.get_version(ref.name, version)
+    mv = registry.get_version(ref.model, version)
     with tempfile.TemporaryDirectory() as tmp:
-        package, verdict = fetch_verified(registry, ref.name, version, Path(tmp), mv, trust=trust)
-        bound = _adapter_binding(package, f"{ref.name} v{version}", mv)
-    return {"model": ref.name, "version": version, "signature": verdict.status, "signed_by": verdict.signed_by,
+        package, verdict = fetch_verified(registry, ref.model, version, Path(tmp), mv, trust=trust)
+        bound = _adapter_binding(package, f"{ref.model} v{version}", mv)
+    return {"model": ref.model, "version": version, "signature": verdict.status, "signed_by": verdict.signed_by,
             "fingerprint": verdict.fingerprint, "provenance": verdict.provenance,
-            "approval": _verified_approval(mv.tags, trust, ref.name, version), **bound}
+            "approval": _verified_approval(mv.tags, trust, ref.model, version), **bound}
 
 
 def _adapter_binding(package: Any, label: str, mv: Any) -> dict[str, Any]:
@@ -269,12 +278,7 @@ def approve(spec: str, project_dir: Path, reason: str, progress: Progress | None
     from release.pipeline.approve import approve as approve_version  # noqa: PLC0415 - not for the read commands
     from release.signing.approval import approver  # noqa: PLC0415 - as above
 
-    name, _, version = spec.partition("/")
-    if not version or not version.isdigit():
-        raise InputError(f"{spec}: expected MODEL/VERSION (a version number)",
-                         hint="e.g. relctl approve my-model/3 --reason 'reviewed the eval report'")
-    check_model_name(name, "model")
-    check_version_number(version, spec)
+    name, version = parse_version(spec, APPROVE)
     who = approver(project_dir)
     signer = project_signing_key(project_dir)  # a bad key fails here, before anything is written
     trust = project_trust(project_dir)
@@ -342,7 +346,11 @@ def engine_labels(model: str, project_dir: Path) -> dict[str, str]:
 
 
 def status(model: str | None, project_dir: Path) -> dict[str, Any]:
-    """Aliases → versions with lineage and gate summary; with no model, the registered models."""
+    """Aliases → versions with lineage and gate summary; base <-> adapters and the running servers
+    (release/commands/serving_view.py); with no model, the registered models."""
+    from release.adapters.trust import KIND  # noqa: PLC0415 - only a status of one model
+    from release.commands import serving_view  # noqa: PLC0415 - as above
+
     if model is not None:
         check_model_name(model, "model")
     registry = open_registry(project_dir, read_only=True)
@@ -353,11 +361,13 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
     if registry.sweep_if_pending(record):
         record = registry.read_model(model)
     out: dict[str, Any] = {"schema_version": 2, "model": model, "aliases": {}}
+    aliased = {}
     for alias, version in sorted((a, str(v)) for a, v in record.aliases.items()):
         try:
             mv = registry.get_version(model, version)
         except Exception as exc:  # an alias to a deleted version is worth showing, not crashing on
             raise RegistryError(f"{model}@{alias} points at v{version}, which cannot be read: {exc}") from exc
+        aliased[alias] = mv
         tags = dict(mv.tags)
         run = registry.get_run(tags[T.RELEASE_RUN]) if T.RELEASE_RUN in tags else None
         metrics, _ = registry.recorded_numbers(mv, run)
@@ -379,4 +389,14 @@ def status(model: str | None, project_dir: Path) -> dict[str, Any]:
             "model_uri": links.model_uri(model, version),
             "link": links.version_link(registry.store.tracking_uri, model, version),
         }
+    if any(mv.tags.get(T.KIND) == KIND for mv in aliased.values()):
+        view = serving_view.adapter_view(registry, aliased)
+        out["adapter_of"] = view["base"]
+    else:
+        view = serving_view.base_view(registry, record)
+        out["adapters"] = view["adapters"]
+        for info in out["aliases"].values():
+            info["adapters"] = {a["model"]: a["version"] for a in view["adapters"]
+                                if a["base_version"] == info["version"]}
+    out["servers"] = view["servers"]
     return out

@@ -17,6 +17,7 @@ from release.core.errors import InputError, RegistryError
 from release.core.jsonfile import read_jsonl
 from release.registry import Registry, links
 from release.registry import tags as T
+from release.registry.refs import TRACE, parse_version
 from release.registry.versions import fetch_verified
 from release.signing.keys import Trust
 
@@ -59,13 +60,8 @@ def target_from_log(log_dir: Path, response_id: str) -> tuple[str, str, str | No
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    for sep in (":", "/"):
-        if sep in spec:
-            model, _, version = spec.rpartition(sep)
-            if model and version.isdigit():
-                return model, version
-    raise InputError(f"'{spec}' is not MODEL:VERSION, a headers file or --response-id",
-                     hint="e.g. relctl trace tiny-llm:3, or relctl trace headers.txt")
+    """MODEL:VERSION (a served name) or MODEL/VERSION (release/registry/refs.py)."""
+    return parse_version(spec, TRACE)
 
 
 def trace(registry: Registry, model: str, version: str, served_config: str | None = None,

@@ -28,10 +28,10 @@ from release.backends.base import Deployment
 from release.core.errors import InputError
 from release.core.escape import terminal
 from release.core.jsonfile import parse_yaml
-from release.core.model_name import check_model_name, check_version_number
 from release.core.templates import template_text
 from release.deploy.facts import VersionFacts
 from release.deploy.pinning import check_kserve_options, plain_yaml
+from release.registry.refs import PINNED, parse_version
 
 if TYPE_CHECKING:  # the adapters module reads the registry: loaded only for a render with adapters
     from release.deploy.kserve_adapters import AdapterPin
@@ -80,17 +80,9 @@ class KServeOptions:
 
 
 def parse_version_spec(spec: str) -> tuple[str, str]:
-    """`MODEL/VERSION` or `models:/MODEL/VERSION` -> (model, version); an alias is refused (not pinned)."""
-    body = spec.removeprefix("models:/")
-    model, sep, version = body.rpartition("/")
-    if "@" in spec and not sep:
-        raise InputError(f"{spec}: an alias is resolved when a pod starts, so it is not a pinned version",
-                         hint="pass MODEL/VERSION; `relctl status MODEL` shows which version each alias points at")
-    if not sep or not model or not version.isdigit():
-        raise InputError(f"{spec}: expected MODEL/VERSION (or models:/MODEL/VERSION) with a numeric version",
-                         hint="e.g. relctl render kserve tiny-llm/3")
-    check_model_name(model, spec)   # a name reaches manifests, OCI annotations and file names: the one rule first
-    return model, check_version_number(version, spec)
+    """`MODEL/VERSION` or `models:/MODEL/VERSION` -> (model, version); an alias is refused (not pinned). A name
+    reaches manifests, OCI annotations and file names: the one rule first (release/registry/refs.py)."""
+    return parse_version(spec, PINNED)
 
 
 def service_name(model: str) -> str:

@@ -33,7 +33,7 @@ from release.lora.base_name import BASE_NAME_HINT, check_base_names
 from release.pipeline.contexts import context_problems
 from release.pipeline.engines import engine_problems
 from release.pipeline.precision_search import checked_config, search_problems
-from release.registry import Registry
+from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
 from release.registry.records import RunRecord
 from release.signing.keys import signing_problem
@@ -122,6 +122,8 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         report.model, bad_name = release_model_name(registry, cfg, run)
         if bad_name is not None:
             report.problems.append(bad_name)
+        elif report.model is not None:
+            report.problems += stranding_problems(registry, cfg, report.model)
     ckpt = cfg.source.artifact_path
     files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt, run)}
     report.found["checkpoint"] = bool(files)
@@ -229,6 +231,28 @@ def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, rep
         report.found["base"] = False
         report.problems.append(Problem(exc.message, exc.hint or ""))
         return None
+
+
+def stranding_problems(registry: Registry, cfg: ReleaseConfig, model: str) -> list[Problem]:
+    """A merged release of `model` moves its production (now, or after its canary or approval): the production
+    adapters built for today's production version would then serve on no production base. Refused, naming
+    them, unless release.yaml's `release.strand_adapters` (or promote --strand-adapters) says to go on."""
+    if cfg.release.strand_adapters or not registry.model_exists(model):
+        return []
+    production = registry.version_for(model, PRODUCTION)
+    if production is None:
+        return []
+    from release.adapters.trust import production_adapters  # noqa: PLC0415 - one tag search: adapters only
+
+    stranded = production_adapters(registry, model, str(production.version))
+    if not stranded:
+        return []
+    named = ", ".join(f"{name} v{mv.version}" for name, mv in sorted(stranded.items()))
+    return [Problem(f"{model}: this release would move production off v{production.version}, stranding the "
+                    f"production adapters built for it: {named}",
+                    f"pass --strand-adapters (or set release.strand_adapters: true in release.yaml) to release "
+                    f"anyway, then release each adapter onto the new version (relctl promote RUN --onto "
+                    f"{model}@production); servers running v{production.version} keep serving them")]
 
 
 def resource_problems(config: dict[str, Any], cfg: ReleaseConfig, config_dir: Path | None,

@@ -377,7 +377,7 @@ class Promotion:
                 report.outcome = "re-gated"  # before _record: the card written on the version says so
                 self._regated(name, result.version, run, package, report)
                 self._record(name, result.version, run, report)
-                self.registry.record_event(name, "re-gated", f"gates re-run on v{result.version}: " + ", ".join(
+                transitions.regated(self.registry, name, f"gates re-run on v{result.version}: " + ", ".join(
                     f"{g['gate']} {g['status']}" for g in report.gates), run.run_id)
                 self.progress.note(f"{name} v{result.version} already serves this package; "
                                    "the new gate results are recorded on it (history: re-gated)")

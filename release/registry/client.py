@@ -400,6 +400,20 @@ class Registry:
             metrics |= {k: float(v) for k, v in run.metrics.items() if k.startswith(prefixes)}
         return metrics, details
 
+    def set_model_tag(self, name: str, key: str, value: str) -> None:
+        """A tag on the registered model `name` (a running server's record: release/registry/servers.py)."""
+        try:
+            self.client.set_registered_model_tag(name, key, value[:T.TAG_VALUE_MAX])
+        except MlflowException as exc:
+            raise RegistryError(f"cannot tag registered model '{name}': {exc.message}") from exc
+
+    def delete_model_tag(self, name: str, key: str) -> None:
+        try:
+            self.client.delete_registered_model_tag(name, key)
+        except MlflowException as exc:
+            if not _not_found(exc):
+                raise RegistryError(f"cannot remove tag '{key}' of '{name}': {exc.message}") from exc
+
     def set_description(self, name: str, version: str, description: str) -> None:
         self.client.update_model_version(name, version, description=description)
 

@@ -23,6 +23,8 @@ release run, beside the report.
 
 on a registered model
     relctl.history.<utc>.<nonce>  one alias move (JSON), relctl's alias history
+    relctl.server.<id>            a running `relctl serve BASE --adapters` of this base (JSON, its heartbeat;
+                                  release/registry/servers.py)
 on a release run
     relctl.model, relctl.training_run_id, relctl.outcome, relctl.pid, relctl.host, relctl.proc_start,
     lineage.*, relctl.exporter.*, gate.<id>.status
@@ -76,6 +78,7 @@ VALIDATION_PREFIX = "validation."
 
 # Registered model
 HISTORY_PREFIX = "relctl.history."
+SERVER_PREFIX = "relctl.server."             # a running server of this base records itself (registry/servers.py)
 
 # Release run
 MODEL = "relctl.model"

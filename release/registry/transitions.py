@@ -10,18 +10,23 @@ together with the aliases that follow it, one named function each.
     approve             production -> version, under the lease          -> approved -> released
     unwind              candidate removed if it names the version; registering -> stopped
     drop_candidate      candidate removed              (state unchanged: a canary that could not run)
+    rollback            production -> previous (or a named version), previous -> what that one replaced
+                                                       (state unchanged; the state rule decides, or
+                                                       --allow-unreleased, recorded)
+    regated             (aliases unchanged)            a history entry: new gate results on what serves
 
 Promote (release/pipeline/promote.py), register (release/stages/register.py), the canary's outcome
-(release/canary/outcome.py) and approve (release/pipeline/approve.py) call these; none writes the state tag
-or composes an alias move of its own. The rule of which alias may point at which state is registry/states.py,
-checked by Registry.locked_move under the model's lease for every move made here.
+(release/canary/outcome.py), approve (release/pipeline/approve.py) and rollback (release/commands/api.py) call
+these; none writes the state tag, takes the model's lease or composes an alias move of its own
+(tests/architecture/test_layering.py checks it). The rule of which alias may point at which state is
+registry/states.py, checked by Registry.locked_move under the model's lease for every move made here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from release.core.errors import RegistryError
+from release.core.errors import InputError, RegistryError
 from release.registry import CANDIDATE, PREVIOUS, PRODUCTION, AliasMove, Registry
 from release.registry import tags as T
 from release.registry.lock import retry_busy
@@ -155,3 +160,30 @@ def drop_candidate(registry: Registry, name: str, action: str, reason: str,
                    release_run: str | None) -> AliasMove | None:
     """`candidate` removed whatever it names; no version changes state (a canary that could not run)."""
     return registry.move_aliases(name, {CANDIDATE: None}, action, reason, release_run)
+
+
+def rollback(registry: Registry, name: str, to_version: str | None, check: Callable[[str, dict[str, str]], None],
+             reason: str, override: bool = False) -> tuple[AliasMove | None, list[str]]:
+    """Under the model's lease: production -> `to_version` (None: the `previous` alias as it is now),
+    previous -> what that version replaced when it was promoted (none: no previous), in one history entry.
+    `check(target, current aliases)` refuses by raising (the package verified, adapters stranded or built
+    for another base): it runs on the aliases as they are under the lease, so two rollbacks at once cannot
+    both act on the same state. The version's release state is unchanged; the state rule (registry/states.py)
+    refuses a version that never passed its gates unless `override` (--allow-unreleased, recorded)."""
+
+    def decide(current: dict[str, str]) -> dict[str, str | None]:
+        target = to_version or current.get(PREVIOUS)
+        if target is None:
+            raise InputError(f"{name}: no '{PREVIOUS}' alias, so there is nothing to roll back to",
+                             hint="pass --to VERSION to choose a version explicitly")
+        if target == current.get(PRODUCTION):
+            raise InputError(f"{name}: production already is v{target}", hint="pass --to VERSION for another version")
+        check(target, current)
+        return {PRODUCTION: target, PREVIOUS: registry.replaced_by(name, target)}
+
+    return registry.locked_move(name, decide, "rollback", reason, release_run=None, override=override)
+
+
+def regated(registry: Registry, name: str, reason: str, release_run: str | None) -> AliasMove:
+    """A history entry that moves no alias: a release gated the version that already serves again."""
+    return registry.record_event(name, "re-gated", reason, release_run)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 from release.adapters.trust import BaseIdentity, check_bound, production_adapters, serving_refusal
 from release.core.errors import InputError
-from release.core.model_name import check_model_name, check_version_number
+from release.core.model_name import check_model_name
 from release.core.package import PackageManifest, verify_package
 from release.registry import tags as T
+from release.registry.refs import ADAPTER_PACKAGE, parse_version
 from release.serving.adapters import Fetch, ServedAdapter, engine_name
 from release.signing.keys import Trust
 from release.signing.package import check_binding, verify_signature
@@ -125,9 +126,9 @@ def parse_package_spec(spec: str) -> tuple[str, str, Path]:
     if not sep or not name or not folder:
         raise InputError(f"{PACKAGE_OPTION} {spec!r}: expected MODEL[/VERSION]=DIR",
                          hint=f"e.g. {PACKAGE_OPTION} tiny-llm-support/2=/mnt/models/adapters/tiny-llm-support")
-    model, slash, version = name.partition("/")
-    check_model_name(model, PACKAGE_OPTION)
-    version = check_version_number(version, PACKAGE_OPTION) if slash else UNREGISTERED
+    # MODEL/VERSION through the one parser of version spellings; a bare MODEL: an unregistered package
+    model, version = parse_version(name, ADAPTER_PACKAGE) if "/" in name \
+        else (check_model_name(name, PACKAGE_OPTION), UNREGISTERED)
     path = Path(folder)
     if not path.is_dir():
         raise InputError(f"{PACKAGE_OPTION} {spec}: {folder} is not a folder",

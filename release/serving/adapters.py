@@ -28,6 +28,7 @@ from pathlib import Path
 from release.backends.base import AdapterRunner
 from release.core.errors import InputError
 from release.core.package import PackageManifest
+from release.registry.refs import PINNED_NAME, parse_version
 
 log = logging.getLogger("relctl.serve")
 
@@ -61,9 +62,9 @@ def pinned_name(model: str, version: str) -> str:
 
 def split_pinned(name: str) -> tuple[str, str | None]:
     """(model, version) of a served name; version None for a plain adapter name. Registered model names never
-    hold ':' (release/core/model_name.py), so the split is unambiguous."""
-    model, sep, version = name.rpartition(":")
-    return (model, version) if sep else (name, None)
+    hold ':' (release/core/model_name.py), so the split is unambiguous; MODEL:VERSION is read by the one parser
+    of version spellings (InputError for a version that is no version number)."""
+    return parse_version(name, PINNED_NAME) if ":" in name else (name, None)
 
 
 class AdapterLease:

@@ -79,7 +79,10 @@ def admin_routes(state: ServerState) -> list[Route]:
         version = body.get("version")
         if version is not None and not isinstance(version, str):
             return _bad("version", "must be a string like \"3\"")
-        model, pinned = split_pinned(body["model"])
+        try:
+            model, pinned = split_pinned(body["model"])
+        except ReleaseError as exc:
+            return _bad("model", exc.message)
         if pinned is not None and version not in (None, pinned):
             return _bad("version", f"{version} contradicts the pinned name {body['model']}")
         assert state.adapters is not None

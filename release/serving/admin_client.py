@@ -21,11 +21,14 @@ TIMEOUT_S = 300.0  # a load fetches and verifies the package, then the engine lo
 
 
 class AdminError(StageFailed):
-    """The server did not do what was asked. `status`: its HTTP status (None: no answer at all)."""
+    """The server did not do what was asked. `status`: its HTTP status (None: no answer at all); `reason`: what
+    came back (the server's own message, or the start of an answer that is not its JSON, with its content
+    type), without the server and path the message leads with."""
 
-    def __init__(self, message: str, hint: str | None = None, status: int | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, status: int | None = None, reason: str = "") -> None:
         super().__init__(message, hint=hint)
         self.status = status
+        self.reason = reason or message
 
 
 def admin_key(given: str | None = None, what: str = "--server") -> str:
@@ -75,26 +78,30 @@ class AdminClient:
             response = httpx.request(method, self.url + path, json=body, timeout=self.timeout_s,
                                      headers={"Authorization": f"Bearer {self.key}"})
         except httpx.HTTPError as exc:
-            raise AdminError(f"{where}: {type(exc).__name__}: {exc}",
-                             hint="is relctl serve BASE@production --adapters running there?") from exc
+            reason = f"{type(exc).__name__}: {exc}"
+            raise AdminError(f"{where}: {reason}", hint="is relctl serve BASE@production --adapters running there?",
+                             reason=reason) from exc
         try:
             answer = response.json()
         except ValueError:
             answer = None
         if response.status_code != 200 or not isinstance(answer, dict):
-            raise AdminError(f"{where}: HTTP {response.status_code}: {_reason(answer, response.text)}",
-                             hint=_hint(response.status_code), status=response.status_code)
+            reason = _reason(answer, response.text, response.headers.get("content-type", ""))
+            raise AdminError(f"{where}: HTTP {response.status_code}: {reason}", hint=_hint(response.status_code),
+                             status=response.status_code, reason=reason)
         answer["round_trip_s"] = round(time.monotonic() - started, 3)
         return answer
 
 
-def _reason(answer: Any, text: str) -> str:
-    """The server's own message (relctl's error body), else the start of whatever came back, on one line."""
+def _reason(answer: Any, text: str, content_type: str) -> str:
+    """The server's own message (relctl's error body), else the start of whatever came back, on one line, with
+    its content type (a proxy's or a login page's HTML is told apart at a glance)."""
     error = answer.get("error") if isinstance(answer, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     if isinstance(message, str):
         return message
-    return " ".join(text.split())[:200] or "(empty answer)"
+    kind = content_type.split(";")[0].strip() or "no content type"
+    return f"{kind}: {' '.join(text.split())[:200] or '(empty answer)'}"
 
 
 def _hint(status: int) -> str:

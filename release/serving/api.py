@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from release.config import load_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
+from release.serving.follow import DEFAULT_INTERVAL_S, Follower, Table
 from release.serving.server import load_state, package_settings, run_server
 from release.serving.source import UNREGISTERED, ServedPackage, resolve_package
 
@@ -22,7 +24,8 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
           config_path: Path | None = None, ready_file: Path | None = None,
           on_ready: Callable[[dict[str, Any]], None] | None = None, api_key: str | None = None,
           served_model_name: str | None = None, cached_only: bool = False, adapters: bool = False,
-          admin_key: str | None = None, adapter_packages: Sequence[str] = ()) -> None:
+          admin_key: str | None = None, adapter_packages: Sequence[str] = (),
+          follow_interval: float = DEFAULT_INTERVAL_S) -> None:
     """Verify and load `spec` and serve it until SIGINT/SIGTERM. `spec`: a package folder, MODEL@ALIAS,
     MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION (release.serving.source).
 
@@ -35,7 +38,10 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
     load_time_s}. `adapters`: serve the base's production LoRA adapters beside it (the `model` field names
     one) and let /admin/adapters load and unload them at run time (docs/adapters.md). `adapter_packages`:
     `MODEL[/VERSION]=DIR` package folders served instead of the registry's production adapters (a pod's
-    pinned adapters, pulled and verified by its init containers).
+    pinned adapters, pulled and verified by its init containers). A server of the registry's adapters follows
+    their production aliases, reading the registry every `follow_interval` seconds (0: it only records
+    itself), and records itself in the registry (release/serving/follow.py); one of package folders serves
+    exactly those.
     """
     for option, key in (("--api-key", api_key), ("--admin-key", admin_key)):
         if key is not None and not key.strip():
@@ -46,6 +52,7 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
     package = resolve_package(spec, project_dir, cached_only=cached_only)
     refuse_adapter_package(spec, package)
     settings = _settings(config_path) if config_path is not None else package_settings(package)
+    follower = None
     if adapters or adapter_packages:
         from release.serving.adapters import AdapterTable  # noqa: PLC0415 - only a server of adapters
 
@@ -55,11 +62,33 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
         for served in setup.served:
             table.adopt(served)
         state.adapters, state.adapter_base = table, setup.base.to_dict()
+        if not adapter_packages:  # the registry's adapters (a registered base): follow their production
+            ident = package.identity
+            follower = registry_follower(project_dir, table, ident.name, ident.version, follow_interval)
     else:
         state = load_state(package, settings, project_dir)
     state.api_key, state.admin_key = api_key, admin_key
     state.served_name = served_model_name or ""
-    run_server(state, host, port, ready_file=ready_file, on_ready=on_ready)
+
+    def ready(info: dict[str, Any]) -> None:
+        if follower is not None:  # listening: its URL is known, so it records itself and starts to follow
+            follower.start(info["url"], socket.gethostname(), int(info["pid"]))
+        if on_ready is not None:
+            on_ready(info)
+
+    try:
+        run_server(state, host, port, ready_file=ready_file, on_ready=ready)
+    finally:
+        if follower is not None:
+            follower.stop()
+
+
+def registry_follower(project_dir: Path, table: Table, base_model: str, base_version: str,
+                      interval_s: float) -> Follower:
+    """The watch on the adapters' production aliases, on its own registry client (its own thread)."""
+    from release.registry.client import open_registry  # noqa: PLC0415 - only a server of adapters
+
+    return Follower(open_registry(project_dir), table, base_model, base_version, interval_s)
 
 
 def refuse_adapter_package(spec: str, package: ServedPackage) -> None:

@@ -61,10 +61,16 @@ def _project_dir(option: Path | None) -> Path:
 @click.option("--admin-key", envvar="RELCTL_ADMIN_KEY", default=None, show_envvar=True,
               help="the one key /admin/* accepts (adapter switches), never a completions key; without it the "
                    "admin paths are refused (prefer the variable)")
+@click.option("--follow-interval", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+              help="with --adapters: read the registry this often and switch each adapter to its production version "
+                   "when that moves (promote --onto, rollback, approve); the server records itself in the registry "
+                   "for relctl status. 0: switch only by /admin requests. Not with --adapter-package (the pod "
+                   "serves exactly those)")
 @_handled
 def serve_command(spec: str, host: str, port: int, config_path: Path | None, project_dir: Path | None,
                   ready_file: Path | None, api_key: str | None, served_model_name: str | None,
-                  cached_only: bool, adapters: bool, adapter_packages: tuple[str, ...], admin_key: str | None) -> None:
+                  cached_only: bool, adapters: bool, adapter_packages: tuple[str, ...], admin_key: str | None,
+                  follow_interval: float) -> None:
     """Serve a package (verified first) as an OpenAI-compatible API: /v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics, /openapi.json. Ctrl-C or SIGTERM drains
     in-flight requests."""
@@ -76,7 +82,8 @@ def serve_command(spec: str, host: str, port: int, config_path: Path | None, pro
 
     serve(spec, host=host, port=port, project_dir=_project_dir(project_dir), config_path=config_path,
           ready_file=ready_file, on_ready=announce, api_key=api_key, served_model_name=served_model_name,
-          cached_only=cached_only, adapters=adapters, admin_key=admin_key, adapter_packages=adapter_packages)
+          cached_only=cached_only, adapters=adapters, admin_key=admin_key, adapter_packages=adapter_packages,
+          follow_interval=follow_interval)
 
 
 @click.group("serving")

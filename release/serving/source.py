@@ -11,7 +11,6 @@ with a warning); it is served as version `unregistered`. Trusted keys: the proje
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from release.core.errors import InputError
 from release.core.package import PackageManifest, verify_package
+from release.registry.refs import ModelRef, serve_ref
 from release.registry.store import STATE_DIR, resolve_store
 from release.registry.versions import fetch_package, verify_version
 from release.serving.metrics import Identity
@@ -26,8 +26,7 @@ from release.signing.keys import Trust, project_trust
 from release.signing.package import verify_signature
 
 UNREGISTERED = "unregistered"
-SPEC_HELP = "a package folder, MODEL@ALIAS, MODEL/VERSION, models:/MODEL@ALIAS or models:/MODEL/VERSION"
-_VERSION = re.compile(r"^[1-9][0-9]*$")
+VersionRef = ModelRef  # a registered version, by alias or by number (release/registry/refs.py)
 
 
 @dataclass(frozen=True)
@@ -36,31 +35,9 @@ class ServedPackage:
     identity: Identity
 
 
-@dataclass(frozen=True)
-class VersionRef:
-    """A registered version, by alias or by number (exactly one of them is set)."""
-
-    name: str
-    alias: str | None = None
-    version: str | None = None
-
-
 def parse_spec(spec: str) -> VersionRef:
     """The registry reference in `spec` (not a folder); InputError naming the accepted forms otherwise."""
-    body = spec.removeprefix("models:/")
-    if "@" in body:
-        name, _, alias = body.partition("@")
-        if name and alias and "/" not in alias:
-            return VersionRef(name, alias=alias)
-    elif "/" in body:
-        name, _, version = body.rpartition("/")
-        if name and _VERSION.match(version):
-            return VersionRef(name, version=version)
-    if spec.startswith("models:/"):
-        raise InputError(f"{spec}: expected models:/MODEL/VERSION or models:/MODEL@ALIAS",
-                         hint="e.g. relctl serve models:/my-model/3")
-    raise InputError(f"{spec}: no such package folder, and not a registered version",
-                     hint=f"pass {SPEC_HELP}")
+    return serve_ref(spec)
 
 
 def resolve_package(spec: str, project_dir: Path, environ: dict[str, str] | None = None,
@@ -91,24 +68,24 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
 
     registry = Registry(resolve_store(project_dir, environ))
     if ref.alias is not None:
-        found = registry.version_for(ref.name, ref.alias)
+        found = registry.version_for(ref.model, ref.alias)
         if found is None:
-            raise InputError(f"{ref.name}@{ref.alias}: no such model or alias in the registry",
-                             hint=f"list its aliases with `relctl status {ref.name}`")
+            raise InputError(f"{ref.model}@{ref.alias}: no such model or alias in the registry",
+                             hint=f"list its aliases with `relctl status {ref.model}`")
         version = str(found.version)
     else:
         assert ref.version is not None
         version = ref.version
-    mv = registry.get_version(ref.name, version)
+    mv = registry.get_version(ref.model, version)
     anchor = mv.tags.get(T.MANIFEST_SHA256)
-    cache = project_dir / STATE_DIR / "serve-cache" / ref.name / version
+    cache = project_dir / STATE_DIR / "serve-cache" / ref.model / version
     if cached_only:
         if not cache.is_dir():
-            raise InputError(f"{ref.name}/{version}: not in the serve cache ({cache})",
+            raise InputError(f"{ref.model}/{version}: not in the serve cache ({cache})",
                              hint="the ModelCar or init container puts it there; without --cached-only serve "
                                   "downloads it from the registry")
         if anchor is None:
-            raise InputError(f"{ref.name}/{version}: the registry records no manifest digest for this version",
+            raise InputError(f"{ref.model}/{version}: the registry records no manifest digest for this version",
                              hint="serve a version relctl released (promote or register)")
         verify_package(cache, manifest_sha256=anchor)  # names the changed file
     manifest = _cached(cache, anchor)
@@ -118,12 +95,12 @@ def _from_registry(ref: VersionRef, project_dir: Path, environ: dict[str, str] |
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         # verified against the registry's digest and the trusted keys
-        fetched = fetch_package(registry, ref.name, version, partial, mv, trust=trust, warn=_stderr)
+        fetched = fetch_package(registry, ref.model, version, partial, mv, trust=trust, warn=_stderr)
         shutil.rmtree(cache, ignore_errors=True)
         fetched.root.rename(cache)
         shutil.rmtree(partial, ignore_errors=True)
         manifest = PackageManifest(cache, fetched.data)
-    return ServedPackage(manifest, Identity(ref.name, version, manifest.serving_config_hash))
+    return ServedPackage(manifest, Identity(ref.model, version, manifest.serving_config_hash))
 
 
 def _cached(path: Path, anchor: str | None) -> PackageManifest | None:

@@ -4,11 +4,14 @@
   projection); the run's adapter released onto tiny-llm@production without merging, as an .onnx_adapter,
   validated as og serves it on the int4 base against the merged fp32 reference; an adapter for a module the
   base takes none on refused (exit 2, seconds, nothing registered); relctl serve of the base with the adapter
-  by name; a second adapter beside it; v2 released under a canary against v1 on the one running base (traffic
+  by name; a second adapter released while the server runs, loaded by the server itself (it follows the
+  registry); v2 released under a canary against v1 on the one running base (traffic
   split by adapter name); `relctl rollback ADAPTER --server` and the admin switch on that base (same PID);
   10,000 requests from concurrent clients while the admin key switches v1 <-> v2 (no request fails: a request
   holds the version it was routed to until its job ends), every way a request ends giving its hold back, a
-  rejected version refused (409) and the completions key kept out of /admin.
+  rejected version refused (409) and the completions key kept out of /admin; a rollback without --server
+  followed by the server (its registry record says what it serves), and production versions not bound to its
+  base held back (by their tags, and by a signed package that contradicts them).
 
 One module story with real parts: MLflow on SQLite, the model builder, og.Adapters, relctl serve on 127.0.0.1.
 """
@@ -25,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,9 @@ from release.serving.router import read_records
 from release.serving.source import resolve_package
 from release.signing.keys import project_trust
 from tests.adapters.conftest import PROMPTS, answers
+from tests.adapters.test_adapter_registry import signed_adapter
+from tests.adapters.test_base_match import adapter_version
+from tests.adapters.test_base_match import relctl as inline  # in process: the registry reads, no interpreter start
 from tests.conftest import load_train_module
 
 BASE = "tiny-llm"
@@ -58,11 +65,27 @@ KEY = "ort-adapter-key"          # completions (--api-key, RELCTL_API_KEY)
 ADMIN_KEY = "ort-adapter-admin"  # adapter switches (--admin-key, RELCTL_ADMIN_KEY)
 ENV = {"RELCTL_API_KEY": KEY, "RELCTL_ADMIN_KEY": ADMIN_KEY}
 READY = "  onnxruntime-genai:\n    adapters:\n      target_modules: [all-linear]\n"
+FOLLOW_S = "1"  # the server reads the registry every second here (default 10)
 
 
 def relctl(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([RELCTL, "--project-dir", str(project), *args], capture_output=True, text=True,
                           env={**os.environ, **ENV}, timeout=900)
+
+
+def served(url: str) -> dict[str, str]:
+    """What the server serves now: served name -> version."""
+    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).json()
+    return {a["served_name"]: a["version"] for a in listing["adapters"]}
+
+
+def wait_for(what: str, check: Any, deadline_s: float = 120) -> Any:
+    """`check()` once it is truthy (the server reads the registry every FOLLOW_S); fails naming `what`."""
+    deadline = time.monotonic() + deadline_s
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"the server never {what}"
+        time.sleep(0.5)
+    return found
 
 
 def variant(result: Any, folder: Path, change: str) -> Any:
@@ -133,22 +156,27 @@ def story(tmp_path_factory: pytest.TempPathFactory, tiny_run: Any) -> Iterator[d
         "lm_head": train.log_run(variant(tiny_run, root / "head", "lm_head"), project, experiment="head"),
         "other": train.log_run(variant(tiny_run, root / "other", "negated"), project, experiment="other"),
     }
-    out: dict[str, Any] = {"project": project, "runs": runs, "seconds": {}}
-    for key, args in (("base", ("-c", str(root / "base.yaml"))), ("support", ("--onto", f"{BASE}@production")),
-                      ("lm_head", ("--onto", f"{BASE}@production")),
-                      ("other", ("--onto", f"{BASE}@production", "-c", str(root / "v2.yaml")))):
+    out: dict[str, Any] = {"project": project, "runs": runs, "seconds": {}, "root": root, "log": root / "serve.log"}
+
+    def release(key: str, *args: str) -> None:
         started = time.monotonic()
         out[key] = relctl(project, "promote", runs[key], *args, "--json")
         out["seconds"][key] = round(time.monotonic() - started, 1)
+
+    release("base", "-c", str(root / "base.yaml"))
+    release("support", "--onto", f"{BASE}@production")
+    release("lm_head", "--onto", f"{BASE}@production")
     assert out["base"].returncode == 0, out["base"].stderr[-2000:]
     ready = root / "ready.json"
     server = subprocess.Popen([RELCTL, "serve", f"{BASE}@production", "--adapters", "--port", "0", "--project-dir",
-                               str(project), "--ready-file", str(ready)], env={**os.environ, **ENV},
-                              stdout=subprocess.DEVNULL, stderr=open(root / "serve.log", "wb"))
+                               str(project), "--ready-file", str(ready), "--follow-interval", FOLLOW_S],
+                              env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=open(out["log"], "wb"))
     try:
+        # Released while the server runs (its load overlaps it): `other` is picked up by the server itself.
+        release("other", "--onto", f"{BASE}@production", "-c", str(root / "v2.yaml"))
         deadline = time.monotonic() + 300
         while not ready.is_file():
-            assert server.poll() is None and time.monotonic() < deadline, (root / "serve.log").read_text()[-2000:]
+            assert server.poll() is None and time.monotonic() < deadline, out["log"].read_text()[-2000:]
             time.sleep(0.5)
         out["server"] = json.loads(ready.read_text())
         out["server_proc"] = server
@@ -231,20 +259,20 @@ def canaried(story: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_second_adapter_beside_the_first(story: dict[str, Any]) -> None:
+    """`other` was released (promote --onto) while the server ran: the server follows the registry and loads
+    it by itself, no admin request, no restart."""
     result = story["other"]
     assert result.returncode == 0, result.stderr[-2000:]
     url = story["server"]["url"]
-    # The server loaded its production adapters at start; the second one is released after the first.
-    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30).json()
-    if f"{BASE}-other" not in {a["served_name"] for a in listing["adapters"]}:
-        loaded = switch(url, f"{BASE}-other", json.loads(result.stdout)["version"])
-        assert loaded.status_code == 200, loaded.text
+    wait_for(f"loaded {BASE}-other", lambda: f"{BASE}-other" in served(url))
+    assert f"followed the registry: {BASE}-other v" in story["log"].read_text()
     other, headers = answers(url, f"{BASE}-other", KEY)
     support, support_headers = answers(url, SUPPORT, KEY)
     assert headers["x-relctl-adapter"] == f"{BASE}-other" and support_headers["x-relctl-adapter"] == SUPPORT
     assert headers["x-relctl-model"] == support_headers["x-relctl-model"] == BASE
     assert headers["x-relctl-version"] == support_headers["x-relctl-version"] == "1"
-    assert other != support  # another adapter (the trained update negated), served by the same base process
+    if support_headers["x-relctl-adapter-version"] == "1":  # the trained one (v2, after the canary, is negated too)
+        assert other != support  # another adapter (the trained update negated), served by the same base process
     assert story["server_proc"].poll() is None and story["server_proc"].pid == story["server"]["pid"]
 
 
@@ -300,6 +328,72 @@ def test_adapter_rollback_and_switch_on_the_running_base(story: dict[str, Any], 
         [f"{SUPPORT}-v{back}"]
     assert story["server_proc"].poll() is None and story["server_proc"].pid == pid
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_the_server_follows_a_rollback_and_records_itself(story: dict[str, Any], canaried: dict[str, Any]) -> None:
+    """`relctl rollback ADAPTER` without --server moves production; the running server switches by itself (same
+    PID), says so in its log, and its registry record (what `relctl status` shows) names what it serves.
+    Production is put back at the end (the aliases as they were), and the server follows that too."""
+    project, url, pid = story["project"], story["server"]["url"], story["server"]["pid"]
+    registry = Registry(resolve_store(project))
+    now = registry.aliases(SUPPORT)[PRODUCTION]
+    back = canaried["report"]["version"] if now != canaried["report"]["version"] else canaried["before"][PRODUCTION]
+    wait_for(f"served {SUPPORT} v{now}", lambda: served(url).get(SUPPORT) == now)
+    rolled = inline(project, "rollback", SUPPORT, "--to", back, "--json")
+    assert rolled.exit_code == 0, rolled.output
+    try:
+        wait_for(f"followed the rollback to v{back}", lambda: served(url).get(SUPPORT) == back)
+        moved_at = datetime.fromisoformat(json.loads(rolled.stdout)["at"])  # when the alias move was recorded
+        print(f"the server served v{back} at most {(datetime.now(UTC) - moved_at).total_seconds():.2f}s after "
+              f"production moved (--follow-interval {FOLLOW_S})")
+        assert answers(url, SUPPORT, KEY)[1]["x-relctl-adapter-version"] == back
+        assert f"followed the registry: {SUPPORT} v{now} -> v{back} (production moved)" in story["log"].read_text()
+        status = wait_for("recorded what it serves", lambda: next(
+            (s for s in json.loads(inline(project, "status", BASE, "--json").stdout)["servers"]
+             if s["pid"] == pid and s["adapters"].get(SUPPORT) == back), None))
+        assert status["url"] == url and status["stale"] is False and status["follows"] is True
+        assert status["base"] == {"model": BASE, "version": "1"} and status["serves_production"], status
+    finally:
+        forward = inline(project, "rollback", SUPPORT, "--to", now)
+        assert forward.exit_code == 0, forward.output
+        wait_for(f"followed back to v{now}", lambda: served(url).get(SUPPORT) == now)
+    assert story["server_proc"].poll() is None and story["server_proc"].pid == pid
+
+
+def test_the_server_holds_back_production_versions_not_bound_to_its_base(story: dict[str, Any],
+                                                                          tiny_run: Any) -> None:
+    """A production version built for another base version is not switched to: one whose tags say so (nothing
+    downloaded), and one whose tags say this base but whose signed package names another. The server keeps
+    serving what it served, says why in its log and in its registry record; production is put back after."""
+    project, url = story["project"], story["server"]["url"]
+    other = f"{BASE}-other"
+    registry = Registry(resolve_store(project))
+    original = registry.aliases(other)[PRODUCTION]
+    wait_for(f"served {other} v{original}", lambda: served(url).get(other) == original)
+
+    def held() -> str:
+        record = next(s for s in json.loads(inline(project, "status", BASE, "--json").stdout)["servers"]
+                      if s["pid"] == story["server"]["pid"])
+        return str(record["held"].get(other, ""))
+
+    try:
+        adapter_version(project, other, "2", "sha256:" + "44" * 32)  # tags: built for tiny-llm v2
+        tagged = registry.aliases(other)[PRODUCTION]
+        why = wait_for("held back the version built for v2", lambda: f"v{tagged}" in held() and held())
+        assert f"built for {BASE} v2" in why and f"keeps serving v{original}" in why, why
+        lying = signed_adapter(project, story["root"] / "lying", tiny_run.checkpoint_dir, other, "1",
+                               registry.get_version(BASE, "1").tags[T.BASE_SHA256], -2.0, manifest_base="2")
+        why = wait_for("held back the signed package of another base", lambda: f"v{lying}" in held() and held())
+        assert f"bound by its signed package to {BASE} v2" in why and f"would serve on, {BASE} v1" in why, why
+        assert served(url).get(other) == original
+        log = story["log"].read_text()
+        assert f"not switching {other}: production is v{tagged}" in log
+        assert f"{other} v{lying} is bound by its signed package to" in log
+    finally:
+        back = inline(project, "rollback", other, "--to", original)
+        assert back.exit_code == 0, back.output
+    wait_for("cleared what it held", lambda: held() == "")
+    assert served(url).get(other) == original
 
 
 LOAD_REQUESTS = 10_000   # completions, each 1 token: the cheapest request that still runs the adapter in og

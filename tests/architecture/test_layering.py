@@ -62,9 +62,47 @@ def test_only_a_backend_opens_an_engines_model_folder() -> None:
 
 
 def test_the_configuration_schema_points_down_only() -> None:
+    """The schema reads no registry; it checks the spelling of a version it names (release.onto) with the one
+    parser of MODEL@ALIAS / MODEL/VERSION, release/registry/refs.py: names, no MLflow."""
     config = [ROOT / "release" / "config.py"]
-    assert offenders(config, ("release.serving", "release.pipeline", "release.commands", "release.stages",
-                              "release.registry", "release.gating", "release.canary", "release.memory")) == []
+    found = offenders(config, ("release.serving", "release.pipeline", "release.commands", "release.stages",
+                               "release.registry", "release.gating", "release.canary", "release.memory",
+                               "release.adapters"))
+    assert [f for f in found if not f.endswith(("imports release.registry.refs", ".refs.ONTO", ".refs.parse_ref"))] \
+        == []
+
+
+def test_refs_is_the_one_parser_of_a_version_spelling() -> None:
+    """MODEL@ALIAS / MODEL/VERSION are parsed in release/registry/refs.py only, and it stays light: it imports
+    nothing of the registry's client (MLflow), so the schema and the CLI read it before anything heavy."""
+    refs = ROOT / "release" / "registry" / "refs.py"
+    assert [m for _, m in imported(refs) if m.startswith(("release.", "mlflow"))
+            and not m.startswith("release.core")] == []
+    parsers = sorted(p.relative_to(ROOT).as_posix() for p in modules("release")
+                     for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                     and node.func.attr in ("partition", "rpartition", "split", "rsplit")
+                     and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "@")
+    # store.py splits a tracking URI's user@host, not a version.
+    assert parsers == ["release/registry/refs.py", "release/registry/store.py"], parsers
+
+
+def test_adapters_sit_with_the_work() -> None:
+    """release/adapters/ (the adapter feature: base match, package, validation, its table and rollback) uses the
+    layers below it (core, registry, backends, signing, lora, stages, config, the canary it runs) and never
+    reaches up into the commands, the CLI, the server that serves it, deploy, memory or the webhook; of the
+    pipeline, only api.py (the adapter release's entry point, being folded into the pipeline) takes its work
+    folders. Below it nothing imports it: core, registry, backends, signing, lora, stages, gating, memory,
+    webhook, and the schema."""
+    adapters = modules("release/adapters")
+    found = offenders(adapters, ("release.commands", "release.cli", "release.serving", "release.deploy",
+                                 "release.memory", "release.webhook"))
+    # The one admin client (a37-serving's, in serving/) is a client of the server, not the server.
+    assert [f for f in found if ".serving.admin_client" not in f] == []
+    assert offenders(under("release/adapters", but=("release/adapters/api.py",)), ("release.pipeline",)) == []
+    below = [p for folder in ("core", "registry", "backends", "signing", "lora", "stages", "gating", "memory",
+                              "webhook") for p in modules(f"release/{folder}")] + [ROOT / "release" / "config.py"]
+    assert offenders(below, ("release.adapters",)) == []
 
 
 def test_register_stands_apart_from_the_runner_and_the_version_fetcher() -> None:
@@ -145,6 +183,43 @@ def test_release_state_moves_have_one_home() -> None:
     writers = sorted(p.relative_to(ROOT).as_posix() for p in modules("release")
                      if "T.RELEASE_STATE:" in p.read_text() or "T.RELEASE_STATE," in p.read_text())
     assert writers == ["release/registry/transitions.py"], writers
+
+
+LEASE_CALLS = ("locked_move", "move_aliases", "record_event", "lock", "model_lock")
+
+
+def lease_callers(paths: list[Path]) -> list[str]:
+    """file:line of every call that takes a model's alias lease or composes an alias move under it."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+                if name in LEASE_CALLS:
+                    found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} {name}")
+    return found
+
+
+def test_alias_moves_and_the_lease_have_one_home() -> None:
+    """Every alias move (promote, register, the canary, approve, rollback) and every history entry is a named
+    transition of release/registry/transitions.py: outside the registry's own client (which implements the
+    lease) and transitions.py, nothing takes a model's lease or calls locked_move / move_aliases /
+    record_event."""
+    home = ("release/registry/transitions.py", "release/registry/client.py", "release/registry/lock.py")
+    callers = [c for c in lease_callers(modules("release")) if not c.startswith(home)]
+    assert callers == [], callers
+
+
+def test_the_lease_checker_finds_a_planted_caller() -> None:
+    planted = ROOT / "release" / "_planted_lease.py"
+    planted.write_text("def f(registry, client):\n    registry.locked_move('m', dict, 'x', 'y', None)\n"
+                       "    with model_lock(client, 'm', 'x'):\n        pass\n")
+    try:
+        assert lease_callers([planted]) == ["release/_planted_lease.py:2 locked_move",
+                                            "release/_planted_lease.py:3 model_lock"]
+    finally:
+        planted.unlink()
 
 
 @pytest.mark.parametrize("rule", ["gates", "mlflow"])

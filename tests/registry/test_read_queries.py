@@ -66,9 +66,10 @@ def test_history_is_one_query_and_status_reads_only_the_versions(project_dir: Pa
     calls.clear()
     data = json.loads(relctl(project_dir, "status", MODEL, "--json"))
     assert {a: info["version"] for a, info in data["aliases"].items()} == {"production": "2", "previous": "1"}
-    # The model once (aliases and history), then per alias its version and its release run, which also
-    # holds its numbers here: no runs search, no lock, no experiment lookup, nothing written.
-    assert calls == {"get_registered_model": 1, "get_model_version": 2, "get_run": 2}
+    # The model once (aliases, history and the servers recorded on it), then per alias its version and its
+    # release run, which also holds its numbers here, and one search for adapters built for the model: no runs
+    # search, no lock, no experiment lookup, nothing written.
+    assert calls == {"get_registered_model": 1, "get_model_version": 2, "get_run": 2, "search_model_versions": 1}
 
 
 def test_a_pending_move_is_found_by_the_same_query_and_repaired(project_dir: Path, tmp_path: Path,

@@ -94,7 +94,7 @@ def test_request_log_redacts_and_is_off_by_default(tiny_package: Path, tmp_path:
 
 def test_spec_forms_are_parsed_or_refused_with_the_accepted_forms() -> None:
     assert parse_spec("m@production").alias == "production"
-    assert parse_spec("team/m/12").version == "12" and parse_spec("team/m/12").name == "team/m"
+    assert parse_spec("team/m/12").version == "12" and parse_spec("team/m/12").model == "team/m"
     assert parse_spec("models:/m/3").version == "3" and parse_spec("models:/m@prod").alias == "prod"
     for bad in ("m", "m/", "m/v1", "m/0", "models:/m", "@prod", "models:/m/x"):
         with pytest.raises(InputError) as info:
