@@ -31,7 +31,7 @@ from release.core.units import size
 from release.gating.contract import Gate, GateContext, GateResult, Problem
 from release.gating.plugins import run_gate
 from release.pipeline.frontier import frontier_section
-from release.pipeline.ranking import capped_note, pick, tied, why_not
+from release.pipeline.ranking import capped_note, pick, tied, why_not, why_tied
 
 __all__ = ["Comparison", "EngineBuild", "EngineRow", "choose", "compare_engines", "decide", "tied"]
 
@@ -228,7 +228,11 @@ def choose(comparison: Comparison) -> EngineRow:
     ties = [r.label for r in eligible if r is not chosen and tied(r, chosen)]
     by = "paired quality, then memory per replica" if chosen.quality is not None else "memory per replica"
     named = ", ".join(ties) if len(ties) <= 2 else f"{len(ties)} others (each row says why)"
-    broken = f" (a tie with {named}: broken by {by})" if ties else ""
+    # The chosen line says why the rows are a tie (repeat noise, or both capped at the top rate), not only that
+    # they are: a reviewer reading one line must see what the measurement could not tell apart.
+    tie_rows = [r for r in eligible if r is not chosen and tied(r, chosen)]
+    because = f", {why_tied(chosen, tie_rows[0])}" if tie_rows else ""
+    broken = f" (a tie with {named}{because}: broken by {by})" if ties else ""
     quality = f", paired quality {chosen.quality:+.4f}" if chosen.quality is not None else ""
     capped_line = capped_note(eligible, swept=bool(comparison.plan.get("sweep")))
     comparison.why = [f"chosen: {chosen.label}, the cheapest that met quality and the SLOs and that no other "

@@ -80,9 +80,10 @@ def test_worst_units_hold_most_of_the_added_kl() -> None:
     assert worst_units({"layers.0": 0.0}) == []
 
 
-def _row(precision: str, cost: float | None, rejected: str | None = None) -> EngineRow:
-    return EngineRow("onnxruntime-genai", precision, quality_passed=rejected is None,
-                     cost_per_million_tokens=cost, rejected=rejected)
+def _row(precision: str, cost: float | None, rejected: str | None = None, quality: float | None = None) -> EngineRow:
+    """A row as the pipeline leaves it: priced rows met the SLOs; under auto, quality is the paired difference."""
+    return EngineRow("onnxruntime-genai", precision, quality_passed=rejected is None, slo_met=cost is not None,
+                     cost_per_million_tokens=cost, rejected=rejected, quality=quality)
 
 
 def _paired(difference: float, outcome: str = "non_inferior") -> dict[str, Any]:
@@ -91,8 +92,8 @@ def _paired(difference: float, outcome: str = "non_inferior") -> dict[str, Any]:
 
 
 def test_the_frontier_keeps_variants_no_other_beats_on_cost_and_quality() -> None:
-    rows = [_row("fp32", 3.0, "dearer"), _row("int8", 2.0), _row("int4", 1.0, "dearer"),
-            _row("int4+algo=rtn", 1.5, "dearer"), _row("int4+algo=k_quant", None, "quality: paired eval")]
+    rows = [_row("fp32", 3.0, "dearer", 0.0), _row("int8", 2.0, None, -0.001), _row("int4", 1.0, "dearer", -0.02),
+            _row("int4+algo=rtn", 1.5, "dearer", -0.03), _row("int4+algo=k_quant", None, "quality: paired eval")]
     paired = {"onnxruntime-genai fp32": _paired(0.0), "onnxruntime-genai int8": _paired(-0.001),
               "onnxruntime-genai int4": _paired(-0.02), "onnxruntime-genai int4+algo=rtn": _paired(-0.03),
               "onnxruntime-genai int4+algo=k_quant": _paired(-0.2, "inferior")}

@@ -11,6 +11,7 @@ import pytest
 from gates.base import GateResult
 from gates.load import LoadConfig, LoadGate
 from release.pipeline.engines import Comparison, EngineRow, _load, choose, limited_by, repeat_noise, tied
+from release.pipeline.ranking import why_tied
 from tests.serving.test_bench_and_gate import eval_prompts_as_dataset, gate_context
 
 COST = {"gpu_price_per_hour": 2.0}
@@ -73,7 +74,9 @@ def test_the_same_engine_measured_twice_is_a_tie_and_the_first_listed_is_taken(s
         comparison = Comparison("auto", rows, None)
         assert choose(comparison) is rows[0]
         assert rows[1].rejected is not None and rows[1].rejected.startswith(f"tie with {rows[0].label}")
-        assert "within measured noise" in comparison.why[0]
+        # The chosen line names the tie and why the measurement could not tell them apart (repeat noise, or
+        # both reached the sweep's top rate on a fast machine).
+        assert f"a tie with {rows[1].label}, {why_tied(rows[0], rows[1])}" in comparison.why[0]
 
 
 def test_a_difference_beyond_the_measured_noise_is_a_ranking(swept: GateResult) -> None:
