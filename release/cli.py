@@ -440,7 +440,7 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
-    from release.commands.cli import init_command, keygen_command, sign_command
+    from release.commands.cli import digest_command, init_command, keygen_command, sign_command
     from release.deploy.cli import publish_command, pull_command, render_group
     from release.gating.cli import gate
     from release.memory.cli import plan_command
@@ -450,7 +450,8 @@ def _attach_commands() -> None:
     from release.webhook.cli import webhook_command
 
     for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, keygen_command, canary_command,
-                    plan_command, webhook_command, render_group, publish_command, pull_command, sign_command]:
+                    plan_command, webhook_command, render_group, publish_command, pull_command, sign_command,
+                    digest_command]:
         cli.add_command(command)
 
 

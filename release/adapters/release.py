@@ -4,7 +4,8 @@ without merging (docs/adapters.md).
   1. the base, by content (seconds, tags only): base_match.match_base; the engine can serve adapters at
      the base's precision (Backend.adapter_problem); both before any download;
   2. intake: the run's checkpoint, checked as every release checks it; its base weights must hash to the
-     digest the run recorded (a tag is a claim; the bytes are the evidence);
+     digest the run recorded (a tag is a claim; the bytes are the evidence), or, when it recorded none, to
+     the base version's (base_match.prove_base: the run holds the base weights, the tag only refuses faster);
   3. build for the base's engine and precision (Backend.export_adapter);
   4. validate as served: base + adapter in the engine against the merged fp32 reference;
   5. register: its own registered model, a version linked to the base version by tags, a signed package
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from release.adapters.base_match import BaseMatch, match_base
+from release.adapters.base_match import BaseMatch, match_base, prove_base
 from release.adapters.canary import plan_canary, run_release_canary
 from release.adapters.package import AdapterPackaging
 from release.adapters.target import BaseTarget
@@ -99,14 +100,16 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
     prompts_file = _configured_prompts(cfg, config_dir)  # a wrong path fails here, before any download
     report.seconds["base_match"] = round(time.monotonic() - started, 3)
     progress.done("base", report.seconds["base_match"],
-                  f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves")
+                  f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves"
+                  if match.proven else f"{match.model} v{match.version} is a base; the run logged no base digest "
+                                       f"({T.TRAINING_BASE_SHA256}): its checkpoint's is computed at intake")
 
     with progress.stage("intake"):
         t = time.monotonic()
         intake = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=cfg.source.artifact_path), registry)
         fetched = intake.run(work / "intake")
         checkpoint = work / "intake" / fetched.checkpoint
-        _check_intake(fetched, match, run_id)
+        match = _check_intake(registry, fetched, match, run_id)
         report.seconds["intake"] = round(time.monotonic() - t, 3)
     with progress.stage("base package"):
         base_package = fetch_package(registry, match.model, match.version, work / "base", trust=trust,
@@ -170,17 +173,22 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
     return report
 
 
-def _check_intake(fetched: IntakeResult, match: BaseMatch, run_id: str) -> None:
+def _check_intake(registry: Registry, fetched: IntakeResult, match: BaseMatch, run_id: str) -> BaseMatch:
+    """The run's adapter and base weights as fetched: the base weights' digest is the evidence (a tag the run
+    logged must agree with it; without one it is the run's only word); the match, proven."""
     if fetched.summary.adapter is None:
         raise InputError(f"run '{run_id}' logged no adapter (adapter_config.json + adapter_model.safetensors in "
                          "its checkpoint/)", hint="an adapter release needs the PEFT adapter; promote a whole "
                                                    "model without --onto")
     weights = fetched.lineage["checkpoint"]["weights_sha256"]
     found = base_digest(weights)
+    if not match.proven:
+        return prove_base(registry, run_id, match, found, "its checkpoint's base weights")
     if found != match.base_sha256:
         raise InputError(f"run '{run_id}': its checkpoint's base weights hash to {found}, not to the "
                          f"{match.base_sha256} its tag {T.TRAINING_BASE_SHA256} claims",
-                         hint="log the tag from the weights the adapter trained on (folder_base_digest)")
+                         hint="log the tag from the weights the adapter trained on (relctl digest DIR)")
+    return match
 
 
 def _adapter_lineage(checkpoint: Path, match: BaseMatch) -> dict[str, Any]:

@@ -225,7 +225,12 @@ def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, rep
     assert cfg.release.onto is not None  # the schema requires it in adapter mode
     try:
         match = match_base(registry, run.run_id, parse_target(cfg.release.onto))
-        report.found["base"] = True  # the run trained on the weights the target version serves
+        report.found["base"] = True  # the run trained on the weights the target version serves, or logged no digest
+        if not match.proven:
+            report.warnings.append(
+                f"run '{run.run_id}' logged no base digest ({T.TRAINING_BASE_SHA256}): promote computes it from "
+                f"the checkpoint's base weights at intake and refuses a base other than {match.where}'s there, "
+                "after the download (log it with `relctl digest CHECKPOINT_DIR` to be refused in seconds)")
         return adapter_model_name(cfg.model, match.model, registry.experiment_name(run.experiment_id))
     except InputError as exc:
         report.found["base"] = False
