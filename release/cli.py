@@ -197,16 +197,21 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+@click.option("--onto", metavar="MODEL@ALIAS|MODEL/VERSION",
+              help="Check the run as `promote --onto` releases it: its LoRA adapter onto this serving base "
+                   "(release.yaml: release: {mode: adapter, onto: ...}).")
+@click.option("--model", "model_name", help="Override the registered model name (with --onto: the adapter's).")
 @json_option
 @click.pass_obj
 @handled
-def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> None:
+def check(ctx: Ctx, run_id: str, config_path: Path | None, onto: str | None, model_name: str | None,
+          as_json: bool) -> None:
     """Check RUN_ID against the run contract and release.yaml in seconds: every problem at once (exit 2)."""
     from release.commands import api
     from release.core.errors import InputProblems
 
     ctx.as_json = as_json
-    report = api.check(run_id, ctx.project_dir, config_path)
+    report = api.check(run_id, ctx.project_dir, config_path, onto, model_name)
     data = {"run_id": run_id, "ok": not report.problems, "model": report.model, "found": report.found,
             "warnings": report.warnings,
             "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}

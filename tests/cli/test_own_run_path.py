@@ -153,6 +153,9 @@ def test_a_readme_run_without_the_digest_tag_releases_as_an_adapter(
     """The run holds the base weights: relctl computes their digest at intake and proves the base with it."""
     folder, env = readme_base["folder"], readme_base["env"]
     run_id = log_untagged(folder, env, tiny_checkpoint, tiny_data, "support")
+    check = sh([str(RELCTL), "check", run_id, "--onto", "my-model@production"], folder, env)  # promote's pre-flight
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "as my-model-support" in check.stdout and "computes it from the checkpoint" in check.stderr
     promote = sh([str(RELCTL), "promote", run_id, "--onto", "my-model@production", "--json"], folder, env)
     assert promote.returncode == 0, promote.stdout + promote.stderr[-3000:]
     report = json.loads(promote.stdout)
