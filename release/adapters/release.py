@@ -35,6 +35,7 @@ from release.core.progress import Progress
 from release.core.weights_digest import base_digest
 from release.registry import Registry
 from release.registry import tags as T
+from release.registry.kinds import ADAPTER, name_problem
 from release.registry.versions import fetch_package
 from release.signing.keys import SigningKey, Trust
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -86,6 +87,9 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
     match = match_base(registry, run_id, target)
     run = registry.get_run(run_id)
     model = adapter_model_name(name, match.model, registry.experiment_name(run.experiment_id))
+    wrong_kind = name_problem(registry, model, ADAPTER)  # never into a whole model's name (as check says)
+    if wrong_kind is not None:
+        raise InputError(wrong_kind[0], hint=wrong_kind[1])
     report = AdapterReport(model=model, run_id=run_id, base={"model": match.model, "version": match.version,
                                                              "sha256": match.base_sha256})
     backend = get_backend(match.base_version.tags.get(T.BACKEND) or "")

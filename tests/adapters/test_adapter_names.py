@@ -19,7 +19,7 @@ from release.registry import Registry
 from release.registry import tags as T
 from release.registry.store import connect, ensure_experiment, resolve_store
 from release.registry.transitions import promote as promote_version
-from tests.adapters.test_base_match import BASE, base_version, other_base
+from tests.adapters.test_base_match import BASE, adapter_version, base_version, other_base
 from tests.conftest import load_train_module
 
 SUPPORT = f"{BASE}-support"
@@ -93,3 +93,32 @@ def test_check_onto_runs_the_adapter_pre_flight(tiny_run: Any, project_dir: Path
     untagged = relctl(project_dir, "check", run_id, "--onto", f"{BASE}@production", "--json")
     assert untagged.exit_code == 0, untagged.output
     assert any("computes it from the checkpoint" in w for w in json.loads(untagged.stdout)["warnings"])
+
+
+def test_an_adapter_release_never_writes_into_a_whole_models_name(tiny_run: Any, project_dir: Path) -> None:
+    base_version(project_dir, folder_base_digest(tiny_run.checkpoint_dir))
+    whole_model(project_dir, OTHER)
+    run_id = load_train_module().log_run(tiny_run, project_dir, experiment="support")
+    before = snapshot(project_dir, BASE, OTHER)
+    for command in ("promote", "check"):
+        result = relctl(project_dir, command, run_id, "--onto", f"{BASE}@production", "--model", OTHER)
+        one_error(result, f"{OTHER} is a whole model's registered name (v1): an adapter release never writes")
+        assert "intake" not in result.stderr  # before the download
+    (project_dir / "release.yaml").write_text(f"model: {OTHER}\nrelease:\n  mode: adapter\n  onto: {BASE}@production\n")
+    one_error(relctl(project_dir, "promote", run_id), f"{OTHER} is a whole model's registered name")
+    assert snapshot(project_dir, BASE, OTHER) == before  # nothing written
+
+
+def test_a_merged_release_never_writes_into_an_adapters_name(tiny_run: Any, project_dir: Path) -> None:
+    digest = folder_base_digest(tiny_run.checkpoint_dir)
+    base = base_version(project_dir, digest)
+    adapter_version(project_dir, SUPPORT, base, digest)
+    run_id = load_train_module().log_run(tiny_run, project_dir, experiment=BASE)
+    before = snapshot(project_dir, BASE, SUPPORT)
+    for command in ("promote", "check"):
+        result = relctl(project_dir, command, run_id, "--model", SUPPORT)
+        one_error(result, f"{SUPPORT} is an adapter's registered name (v1): a merged release never writes")
+        assert "intake" not in result.stderr
+    (project_dir / "release.yaml").write_text(f"model: {SUPPORT}\n")
+    one_error(relctl(project_dir, "promote", run_id), f"{SUPPORT} is an adapter's registered name")
+    assert snapshot(project_dir, BASE, SUPPORT) == before
