@@ -132,7 +132,10 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
                                Progress(quiet=ctx.quiet), canary_server)
         emit(adapter.to_dict(), as_json, lambda: click.echo(
             f"{adapter.model} v{adapter.version} is production on {adapter.base['model']} v{adapter.base['version']}"
-            if adapter.outcome == "released" else f"{adapter.model}: {adapter.outcome}"
+            if adapter.outcome == "released" else
+            f"{adapter.model} v{adapter.version} passed its checks and waits for an approval: relctl approve "
+            f"{adapter.model}/{adapter.version} --reason ..." if adapter.outcome == "awaiting-approval" else
+            f"{adapter.model}: {adapter.outcome}"
             + (f" (v{adapter.version})" if adapter.version else " (nothing registered)")))
         if adapter.canary is not None and not adapter.canary["passed"]:
             raise Blocked(f"{adapter.model} v{adapter.version}: canary {adapter.canary['reason']}",

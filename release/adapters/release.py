@@ -11,7 +11,9 @@ without merging (docs/adapters.md).
   5. register: its own registered model, a version linked to the base version by tags, a signed package
      of the adapter alone, `production` moved per adapter; with `gates.canary` configured and a production
      version to compare with, registered as `candidate` and judged on the running base first
-     (release/adapters/canary.py), the canary's outcome moving the aliases.
+     (release/adapters/canary.py), the canary's outcome moving the aliases; with `require_approval`,
+     registered as `candidate` waiting for `relctl approve` (production unmoved until then; a running
+     `relctl serve BASE --adapters` follows the approval's move as any production move).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from release.core.model_name import check_model_name
 from release.core.package import build_package
 from release.core.progress import Progress
 from release.core.weights_digest import base_digest
-from release.registry import Registry
+from release.registry import PRODUCTION, Registry, transitions
 from release.registry import tags as T
 from release.registry.kinds import ADAPTER, name_problem
+from release.registry.states import AWAITING_APPROVAL
 from release.registry.versions import fetch_package
 from release.signing.keys import SigningKey, Trust
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -153,15 +156,17 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
         with registry.release_run(model, f"adapter {model} onto {match.model} v{match.version}",
                                   {T.OUTCOME: "releasing", T.TRAINING_RUN: run_id}) as release:
             card = _card(model, match, backend.id, precision, verdict.metrics)
+            waits = cfg.require_approval  # (with gates.canary: refused by policy.py, before anything ran)
+            gated_against = registry.version_for(model, PRODUCTION) if registry.model_exists(model) else None
             inputs = RegisterInputs(model=model, content_sha256=content_sha256(package), lineage=lineage,
                                     extra_tags=extra, description=card,
                                     numbers={f"validation.{k}": v for k, v in verdict.metrics.items()},
                                     reason=f"adapter released onto {match.model} v{match.version}",
-                                    target="candidate" if plan else "production",
-                                    waits_for=f"its canary on {plan.server}" if plan else "the canary",
+                                    target="candidate" if plan or waits else "production",
+                                    waits_for=f"its canary on {plan.server}" if plan else "relctl approve",
                                     package_dir=package.root)
-            result = RegisterStage(inputs, registry, release, package, signer, "relctl promote --onto").run(
-                work / "register")
+            result = RegisterStage(inputs, registry, release, package, signer, "relctl promote --onto",
+                                   require_approval=waits).run(work / "register")
             report.version, report.outcome = result.version, result.outcome
             report.release_run = release.run_id
             report.seconds["register"] = round(time.monotonic() - t, 3)
@@ -172,6 +177,13 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
                                                        release.run_id, progress.note)
                 report.outcome = "released" if report.canary["passed"] else f"canary-{report.canary['outcome']}"
                 report.seconds["canary"] = round(time.monotonic() - t, 3)
+            elif waits and result.outcome == "candidate":
+                # The production it passed against is recorded: an approval after production moved is refused.
+                transitions.await_approval(registry, model, result.version,
+                                           str(gated_against.version) if gated_against else None)
+                report.outcome = AWAITING_APPROVAL
+                progress.note(f"{model} v{result.version} waits for an approval (require_approval): production "
+                              f"does not move until `relctl approve {model}/{result.version} --reason ...`")
             release.set_tags({T.OUTCOME: report.outcome})
     report.seconds["total"] = round(time.monotonic() - started, 3)
     return report

@@ -10,9 +10,11 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -162,3 +164,52 @@ def test_a_readme_run_without_the_digest_tag_releases_as_an_adapter(
     assert report["outcome"] == "released" and report["model"] == "my-model-support", report
     assert report["base"] == {"model": "my-model", "version": "1", "sha256": report["base"]["sha256"]}
     assert "computed at intake" in promote.stderr  # said, not silent: the tag would have refused faster
+
+
+def served(url: str, admin_key: str) -> dict[str, str]:
+    """What a running `relctl serve --adapters` serves: served name -> version (its admin listing)."""
+    listing = httpx.get(f"{url}/admin/adapters", headers={"Authorization": f"Bearer {admin_key}"}, timeout=30)
+    assert listing.status_code == 200, listing.text
+    return {a["served_name"]: a["version"] for a in listing.json()["adapters"]}
+
+
+def test_an_adapter_under_require_approval_waits_and_the_server_follows_the_approval(
+        readme_base: dict[str, Any], tiny_checkpoint: Path, tiny_data: Path) -> None:
+    """require_approval holds an adapter release as `candidate` (production unmoved, nothing served); `relctl
+    approve` moves production, and the running base server loads it (it follows the registry)."""
+    folder, env = readme_base["folder"], readme_base["env"]
+    run_id = log_untagged(folder, env, tiny_checkpoint, tiny_data, "gated")
+    (folder / "gated.yaml").write_text("require_approval: true\nvalidation:\n  max_new_tokens: 8\n")
+    promote = sh([str(RELCTL), "promote", run_id, "--onto", "my-model@production", "-c", "gated.yaml", "--json"],
+                 folder, env)
+    assert promote.returncode == 0, promote.stdout + promote.stderr[-3000:]
+    report = json.loads(promote.stdout)
+    assert report["outcome"] == "awaiting-approval" and report["model"] == "my-model-gated", report
+    version = report["version"]
+    status = json.loads(sh([str(RELCTL), "status", "my-model-gated", "--json"], folder, env).stdout)
+    assert "production" not in status["aliases"] and status["aliases"]["candidate"]["version"] == version, status
+    keys = {"RELCTL_API_KEY": "approval-key", "RELCTL_ADMIN_KEY": "approval-admin"}
+    ready = folder / "ready.json"
+    server = subprocess.Popen([str(RELCTL), "serve", "my-model@production", "--adapters", "--port", "0",
+                               "--ready-file", str(ready), "--follow-interval", "1"], cwd=folder,
+                              env={**env, **keys}, stdout=subprocess.DEVNULL, stderr=open(folder / "serve.log", "wb"))
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.is_file():
+            assert server.poll() is None and time.monotonic() < deadline, (folder / "serve.log").read_text()[-2000:]
+            time.sleep(0.5)
+        url = json.loads(ready.read_text())["url"]
+        assert "my-model-gated" not in served(url, keys["RELCTL_ADMIN_KEY"])  # waiting: not production, not served
+        approve = sh([str(RELCTL), "approve", f"my-model-gated/{version}", "--reason", "reviewed"], folder, env)
+        assert approve.returncode == 0, approve.stdout + approve.stderr
+        deadline = time.monotonic() + 120
+        while served(url, keys["RELCTL_ADMIN_KEY"]).get("my-model-gated") != version:
+            assert time.monotonic() < deadline, (folder / "serve.log").read_text()[-2000:]
+            time.sleep(0.5)
+        answer = httpx.post(f"{url}/v1/completions", json={"model": "my-model-gated", "prompt": "reverse b d a f ->",
+                                                            "max_tokens": 4, "temperature": 0}, timeout=120,
+                            headers={"Authorization": f"Bearer {keys['RELCTL_API_KEY']}"})
+        assert answer.status_code == 200 and answer.headers["x-relctl-adapter-version"] == version, answer.text
+    finally:
+        server.terminate()
+        server.wait(60)
