@@ -132,7 +132,10 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
                                Progress(quiet=ctx.quiet), canary_server)
         emit(adapter.to_dict(), as_json, lambda: click.echo(
             f"{adapter.model} v{adapter.version} is production on {adapter.base['model']} v{adapter.base['version']}"
-            if adapter.outcome == "released" else f"{adapter.model}: {adapter.outcome}"
+            if adapter.outcome == "released" else
+            f"{adapter.model} v{adapter.version} passed its checks and waits for an approval: relctl approve "
+            f"{adapter.model}/{adapter.version} --reason ..." if adapter.outcome == "awaiting-approval" else
+            f"{adapter.model}: {adapter.outcome}"
             + (f" (v{adapter.version})" if adapter.version else " (nothing registered)")))
         if adapter.canary is not None and not adapter.canary["passed"]:
             raise Blocked(f"{adapter.model} v{adapter.version}: canary {adapter.canary['reason']}",
@@ -197,16 +200,21 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+@click.option("--onto", metavar="MODEL@ALIAS|MODEL/VERSION",
+              help="Check the run as `promote --onto` releases it: its LoRA adapter onto this serving base "
+                   "(release.yaml: release: {mode: adapter, onto: ...}).")
+@click.option("--model", "model_name", help="Override the registered model name (with --onto: the adapter's).")
 @json_option
 @click.pass_obj
 @handled
-def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> None:
+def check(ctx: Ctx, run_id: str, config_path: Path | None, onto: str | None, model_name: str | None,
+          as_json: bool) -> None:
     """Check RUN_ID against the run contract and release.yaml in seconds: every problem at once (exit 2)."""
     from release.commands import api
     from release.core.errors import InputProblems
 
     ctx.as_json = as_json
-    report = api.check(run_id, ctx.project_dir, config_path)
+    report = api.check(run_id, ctx.project_dir, config_path, onto, model_name)
     data = {"run_id": run_id, "ok": not report.problems, "model": report.model, "found": report.found,
             "warnings": report.warnings,
             "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
@@ -440,7 +448,7 @@ def _attach_commands() -> None:
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from release.canary.cli import canary_command
-    from release.commands.cli import init_command, keygen_command, sign_command
+    from release.commands.cli import digest_command, init_command, keygen_command, sign_command
     from release.deploy.cli import publish_command, pull_command, render_group
     from release.gating.cli import gate
     from release.memory.cli import plan_command
@@ -450,7 +458,8 @@ def _attach_commands() -> None:
     from release.webhook.cli import webhook_command
 
     for command in [*STAGE_COMMANDS, gate, serve_command, bench_command, init_command, keygen_command, canary_command,
-                    plan_command, webhook_command, render_group, publish_command, pull_command, sign_command]:
+                    plan_command, webhook_command, render_group, publish_command, pull_command, sign_command,
+                    digest_command]:
         cli.add_command(command)
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from release.adapters.policy import unsupported
 from release.adapters.release import AdapterReport
-from release.adapters.target import parse_target
+from release.adapters.target import BaseTarget, parse_target
 from release.core.errors import InputError, InputProblems
 from release.core.progress import Progress
+
+if TYPE_CHECKING:
+    from release.config import ReleaseConfig
 
 
 def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | None,
@@ -36,9 +39,7 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     target = parse_target(cfg.adapter_onto(onto) or onto)
     if name is None and cfg.release.mode == "adapter":
         name = cfg.model  # release.yaml's model names the adapter in adapter mode (the schema refuses the base's)
-    if name is not None and name == target.model:  # else the adapter would become a version of its base
-        raise InputError(f"--model {name} is the base the adapter goes onto; an adapter is its own registered model",
-                         hint=f"name it e.g. --model {name}-support, or leave --model out ({name}-EXPERIMENT)")
+    refuse_base_name(name, target)
     anchor = config_path.parent if config_path else project_dir
     signer = release_key(cfg.signing, anchor)
     trust = trusted_keys(cfg.signing, anchor)
@@ -48,3 +49,26 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     work.mkdir(parents=True)
     return release_adapter(registry, run_id, target, cfg, work, trust, signer, progress, name,
                            dry_run, canary_server, anchor)
+
+
+def refuse_base_name(name: str | None, target: BaseTarget) -> None:
+    """--model naming the base itself: the adapter would become a version of its base (exit 2)."""
+    if name is not None and name == target.model:
+        raise InputError(f"--model {name} is the base the adapter goes onto; an adapter is its own registered model",
+                         hint=f"name it e.g. --model {name}-support, or leave --model out ({name}-EXPERIMENT)")
+
+
+def adapter_overrides(cfg: ReleaseConfig, onto: str | None, model: str | None) -> dict[str, Any]:
+    """release.yaml overrides under which `relctl check RUN [--onto BASE] [--model NAME]` runs the pre-flight
+    promote runs with the same flags: with a base (--onto, or release.yaml's adapter mode), adapter mode onto
+    it and the adapter's name as promote_onto takes it (--model, else release.yaml's model in adapter mode,
+    else BASE-EXPERIMENT); without one, --model names the whole model. Bad input: exit 2, before the registry."""
+    onto = cfg.adapter_onto(onto)  # --onto disagreeing with release.yaml's release.onto is refused
+    if onto is None:
+        return {"model": model} if model is not None else {}
+    target = parse_target(onto)
+    if model is None and cfg.release.mode == "adapter":
+        model = cfg.model
+    refuse_base_name(model, target)
+    # (in merged mode release.yaml's model names a whole model, never the adapter: dropped, as promote does)
+    return {"release.mode": "adapter", "release.onto": onto, "model": model}

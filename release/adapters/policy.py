@@ -1,10 +1,11 @@
 """What of release.yaml an adapter release honours, and what it refuses rather than skip in silence.
 
-An adapter release runs the base match, the adapter's validation against the merged fp32 reference and,
-with `--server`, `gates.canary` on the running base (docs/adapters.md). It does not run the other gates,
-wait for an approval, or compare engines. A release.yaml that asks for any of those would otherwise ship the
-adapter without them, so each is refused (exit 2, one line each) before the registry is opened: a control
-a team configured is never skipped because the run took the adapter path.
+An adapter release runs the base match, the adapter's validation against the merged fp32 reference,
+with `--server`, `gates.canary` on the running base, and waits for `relctl approve` under `require_approval`
+(docs/adapters.md). It does not run the other gates, wait for an approval after a canary, or compare
+engines. A release.yaml that asks for any of those would otherwise ship the adapter without them, so each
+is refused (exit 2, one line each) before the registry is opened: a control a team configured is never
+skipped because the run took the adapter path.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def unsupported(cfg: ReleaseConfig) -> list[tuple[str, str]]:
     if missing:
         problems.append((f"release.yaml: require lists {', '.join(missing)}, which gates: does not configure",
                          f"add a gates.{missing[0]} block, or remove it from require"))
-    if cfg.require_approval:
-        problems.append(("require_approval: an adapter release does not wait for an approval; its production "
-                         "alias would move without one", HINT))
+    if cfg.require_approval and "canary" in cfg.gates:  # the adapter canary's pass moves production itself
+        problems.append(("require_approval with gates.canary: an adapter's canary moves production when it passes, "
+                         "so the approval would be skipped", "drop gates.canary for adapter releases that need an "
+                         "approval (the approval is the check), or drop require_approval (docs/adapters.md)"))
     if cfg.engines:
         problems.append(("engines: an adapter serves on its base's engine, there is nothing to compare",
                          "drop engines from the adapter's release.yaml"))

@@ -4,13 +4,16 @@ without merging (docs/adapters.md).
   1. the base, by content (seconds, tags only): base_match.match_base; the engine can serve adapters at
      the base's precision (Backend.adapter_problem); both before any download;
   2. intake: the run's checkpoint, checked as every release checks it; its base weights must hash to the
-     digest the run recorded (a tag is a claim; the bytes are the evidence);
+     digest the run recorded (a tag is a claim; the bytes are the evidence), or, when it recorded none, to
+     the base version's (base_match.prove_base: the run holds the base weights, the tag only refuses faster);
   3. build for the base's engine and precision (Backend.export_adapter);
   4. validate as served: base + adapter in the engine against the merged fp32 reference;
   5. register: its own registered model, a version linked to the base version by tags, a signed package
      of the adapter alone, `production` moved per adapter; with `gates.canary` configured and a production
      version to compare with, registered as `candidate` and judged on the running base first
-     (release/adapters/canary.py), the canary's outcome moving the aliases.
+     (release/adapters/canary.py), the canary's outcome moving the aliases; with `require_approval`,
+     registered as `candidate` waiting for `relctl approve` (production unmoved until then; a running
+     `relctl serve BASE --adapters` follows the approval's move as any production move).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from release.adapters.base_match import BaseMatch, match_base
+from release.adapters.base_match import BaseMatch, match_base, prove_base
 from release.adapters.canary import plan_canary, run_release_canary
 from release.adapters.package import AdapterPackaging
 from release.adapters.target import BaseTarget
@@ -32,8 +35,10 @@ from release.core.model_name import check_model_name
 from release.core.package import build_package
 from release.core.progress import Progress
 from release.core.weights_digest import base_digest
-from release.registry import Registry
+from release.registry import PRODUCTION, Registry, transitions
 from release.registry import tags as T
+from release.registry.kinds import ADAPTER, name_problem
+from release.registry.states import AWAITING_APPROVAL
 from release.registry.versions import fetch_package
 from release.signing.keys import SigningKey, Trust
 from release.stages.intake import IntakeInputs, IntakeResult, IntakeStage
@@ -85,6 +90,9 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
     match = match_base(registry, run_id, target)
     run = registry.get_run(run_id)
     model = adapter_model_name(name, match.model, registry.experiment_name(run.experiment_id))
+    wrong_kind = name_problem(registry, model, ADAPTER)  # never into a whole model's name (as check says)
+    if wrong_kind is not None:
+        raise InputError(wrong_kind[0], hint=wrong_kind[1])
     report = AdapterReport(model=model, run_id=run_id, base={"model": match.model, "version": match.version,
                                                              "sha256": match.base_sha256})
     backend = get_backend(match.base_version.tags.get(T.BACKEND) or "")
@@ -99,14 +107,16 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
     prompts_file = _configured_prompts(cfg, config_dir)  # a wrong path fails here, before any download
     report.seconds["base_match"] = round(time.monotonic() - started, 3)
     progress.done("base", report.seconds["base_match"],
-                  f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves")
+                  f"run trained on {match.base_sha256[:19]}…, which {match.model} v{match.version} serves"
+                  if match.proven else f"{match.model} v{match.version} is a base; the run logged no base digest "
+                                       f"({T.TRAINING_BASE_SHA256}): its checkpoint's is computed at intake")
 
     with progress.stage("intake"):
         t = time.monotonic()
         intake = IntakeStage(IntakeInputs(run_id=run_id, artifact_path=cfg.source.artifact_path), registry)
         fetched = intake.run(work / "intake")
         checkpoint = work / "intake" / fetched.checkpoint
-        _check_intake(fetched, match, run_id)
+        match = _check_intake(registry, fetched, match, run_id)
         report.seconds["intake"] = round(time.monotonic() - t, 3)
     with progress.stage("base package"):
         base_package = fetch_package(registry, match.model, match.version, work / "base", trust=trust,
@@ -146,15 +156,17 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
         with registry.release_run(model, f"adapter {model} onto {match.model} v{match.version}",
                                   {T.OUTCOME: "releasing", T.TRAINING_RUN: run_id}) as release:
             card = _card(model, match, backend.id, precision, verdict.metrics)
+            waits = cfg.require_approval  # (with gates.canary: refused by policy.py, before anything ran)
+            gated_against = registry.version_for(model, PRODUCTION) if registry.model_exists(model) else None
             inputs = RegisterInputs(model=model, content_sha256=content_sha256(package), lineage=lineage,
                                     extra_tags=extra, description=card,
                                     numbers={f"validation.{k}": v for k, v in verdict.metrics.items()},
                                     reason=f"adapter released onto {match.model} v{match.version}",
-                                    target="candidate" if plan else "production",
-                                    waits_for=f"its canary on {plan.server}" if plan else "the canary",
+                                    target="candidate" if plan or waits else "production",
+                                    waits_for=f"its canary on {plan.server}" if plan else "relctl approve",
                                     package_dir=package.root)
-            result = RegisterStage(inputs, registry, release, package, signer, "relctl promote --onto").run(
-                work / "register")
+            result = RegisterStage(inputs, registry, release, package, signer, "relctl promote --onto",
+                                   require_approval=waits).run(work / "register")
             report.version, report.outcome = result.version, result.outcome
             report.release_run = release.run_id
             report.seconds["register"] = round(time.monotonic() - t, 3)
@@ -165,22 +177,34 @@ def release_adapter(registry: Registry, run_id: str, target: BaseTarget, cfg: Re
                                                        release.run_id, progress.note)
                 report.outcome = "released" if report.canary["passed"] else f"canary-{report.canary['outcome']}"
                 report.seconds["canary"] = round(time.monotonic() - t, 3)
+            elif waits and result.outcome == "candidate":
+                # The production it passed against is recorded: an approval after production moved is refused.
+                transitions.await_approval(registry, model, result.version,
+                                           str(gated_against.version) if gated_against else None)
+                report.outcome = AWAITING_APPROVAL
+                progress.note(f"{model} v{result.version} waits for an approval (require_approval): production "
+                              f"does not move until `relctl approve {model}/{result.version} --reason ...`")
             release.set_tags({T.OUTCOME: report.outcome})
     report.seconds["total"] = round(time.monotonic() - started, 3)
     return report
 
 
-def _check_intake(fetched: IntakeResult, match: BaseMatch, run_id: str) -> None:
+def _check_intake(registry: Registry, fetched: IntakeResult, match: BaseMatch, run_id: str) -> BaseMatch:
+    """The run's adapter and base weights as fetched: the base weights' digest is the evidence (a tag the run
+    logged must agree with it; without one it is the run's only word); the match, proven."""
     if fetched.summary.adapter is None:
         raise InputError(f"run '{run_id}' logged no adapter (adapter_config.json + adapter_model.safetensors in "
                          "its checkpoint/)", hint="an adapter release needs the PEFT adapter; promote a whole "
                                                    "model without --onto")
     weights = fetched.lineage["checkpoint"]["weights_sha256"]
     found = base_digest(weights)
+    if not match.proven:
+        return prove_base(registry, run_id, match, found, "its checkpoint's base weights")
     if found != match.base_sha256:
         raise InputError(f"run '{run_id}': its checkpoint's base weights hash to {found}, not to the "
                          f"{match.base_sha256} its tag {T.TRAINING_BASE_SHA256} claims",
-                         hint="log the tag from the weights the adapter trained on (folder_base_digest)")
+                         hint="log the tag from the weights the adapter trained on (relctl digest DIR)")
+    return match
 
 
 def _adapter_lineage(checkpoint: Path, match: BaseMatch) -> dict[str, Any]:

@@ -69,8 +69,12 @@ def promote(
     return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
 
 
-def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
-    """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract)."""
+def check(run_id: str, project_dir: Path, config_path: Path | None = None, onto: str | None = None,
+          model: str | None = None) -> Any:
+    """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract); with
+    `onto` (promote --onto's base) or release.mode adapter, the adapter release's pre-flight, `model` naming
+    the registered model as promote's --model does (with --onto: the adapter's)."""
+    from release.adapters.api import adapter_overrides  # noqa: PLC0415 - adapters: not for the other reads
     from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the other reads
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
     from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
@@ -78,6 +82,9 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> An
     if config_path is None and (project_dir / CONFIG_FILE).is_file():
         config_path = project_dir / CONFIG_FILE
     cfg = load_config(config_path)
+    overrides = adapter_overrides(cfg, onto, model)  # promote --onto's release, as release.yaml would say it
+    if overrides:
+        cfg = load_config(config_path, overrides)
     gates = load_gates(cfg.gates)
     registry = open_registry(project_dir, read_only=True)
     return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)

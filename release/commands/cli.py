@@ -93,3 +93,27 @@ def sign_command(ctx: Ctx, model: str, version: str | None, as_json: bool) -> No
             click.echo(f"{model} v{d.version}: {d.outcome}")
 
     emit([{"version": d.version, "outcome": d.outcome} for d in done], as_json, text)
+
+
+@click.command("digest")
+@click.argument("directory", type=click.Path(path_type=Path))
+@json_option
+@click.pass_obj
+@handled
+def digest_command(ctx: Ctx, directory: Path, as_json: bool) -> None:
+    """The base digest of the base weights in checkpoint DIRECTORY (its *.safetensors, adapter files excluded):
+    what a training run logs as tag relctl.base_sha256 so an adapter release onto another base is refused
+    before any download (without it relctl computes the same digest from the run's checkpoint at intake)."""
+    from release.core.checkpoint import weight_files
+    from release.core.errors import InputError
+    from release.core.hashing import sha256_file
+    from release.core.weights_digest import base_digest
+
+    ctx.as_json = as_json
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such folder",
+                         hint="pass the checkpoint folder the adapter trained on (config.json, *.safetensors)")
+    weights = {p.name: sha256_file(p) for p in weight_files(directory)}
+    digest = base_digest(weights)
+    emit({"directory": str(directory), "base_sha256": digest, "weights_sha256": weights}, as_json,
+         lambda: click.echo(digest))

@@ -23,9 +23,10 @@ def base_digest(weights_sha256: Mapping[str, str]) -> str:
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
 
 
-def folder_base_digest(folder: Path) -> str:
-    """The base digest of the base weights in a Hugging Face checkpoint folder (adapter files excluded)."""
-    return base_digest({p.name: sha256_file(p) for p in weight_files(folder)})
+def folder_base_digest(folder: Path | str) -> str:
+    """The base digest of the base weights in a Hugging Face checkpoint folder (adapter files excluded);
+    `relctl digest DIR` prints it."""
+    return base_digest({p.name: sha256_file(p) for p in weight_files(Path(folder))})
 
 
 def adapter_digest(adapter_sha256: Mapping[str, str]) -> str:

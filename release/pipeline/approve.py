@@ -7,6 +7,7 @@ With `require_approval` in release.yaml, a version that passed its gates stops a
    never gated, failed its gates, was cut short, or is released already: registry/states.py) and one whose
    production changed since its gates compared with it (the comparison no longer holds);
 2. verifies its package (manifest digest and signature by a trusted key), as every production move does;
+   an adapter's must be bound (signed manifest) to its base's production version, as a rollback's must;
 3. under the model's lease: reads the version again, writes the approval (who, when, why, the package's
    digests) signed by the release key when one is configured, marks it `approved` and moves production
    (previous <- what production was, candidate cleared if it was this version) in one history entry whose
@@ -60,7 +61,12 @@ def approve(registry: Registry, model: str, version: str, reason: str, who: Appr
                             mv.tags.get(T.RELEASE_RUN), who, reason)
     with tempfile.TemporaryDirectory() as tmp:
         # Refuses the attack (a rewritten package with matching registry digests) before any approval exists.
-        fetch_package(registry, model, version, Path(tmp), mv, trust=trust, warn=warn)
+        package = fetch_package(registry, model, version, Path(tmp), mv, trust=trust, warn=warn)
+    # An adapter: production moves only onto a version built for its base's production (its signed package
+    # says which), as a rollback's does; else no running base would serve what was approved.
+    from release.adapters.rollback import refuse_other_base  # noqa: PLC0415 - adapters only
+
+    refuse_other_base(registry, model, version, package)
     statement = approval.statement()
     signature = sign_approval(statement, signer) if signer is not None else ""
 

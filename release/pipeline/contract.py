@@ -35,6 +35,7 @@ from release.pipeline.engines import engine_problems
 from release.pipeline.precision_search import checked_config, search_problems
 from release.registry import PRODUCTION, Registry
 from release.registry import tags as T
+from release.registry.kinds import ADAPTER, MERGED, name_problem
 from release.registry.records import RunRecord
 from release.signing.keys import signing_problem
 from release.stages.intake import EVAL_ARTIFACT, PROMPTS_ARTIFACT
@@ -124,6 +125,10 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
             report.problems.append(bad_name)
         elif report.model is not None:
             report.problems += stranding_problems(registry, cfg, report.model)
+    if report.model is not None:  # a name holds whole models or adapters, never both (registry/kinds.py)
+        wrong_kind = name_problem(registry, report.model, ADAPTER if adapter else MERGED)
+        if wrong_kind is not None:
+            report.problems.append(Problem(*wrong_kind))
     ckpt = cfg.source.artifact_path
     files = {p.rsplit("/", 1)[-1] for p in registry.list_artifacts(run_id, ckpt, run)}
     report.found["checkpoint"] = bool(files)
@@ -225,7 +230,12 @@ def adapter_problems(registry: Registry, run: RunRecord, cfg: ReleaseConfig, rep
     assert cfg.release.onto is not None  # the schema requires it in adapter mode
     try:
         match = match_base(registry, run.run_id, parse_target(cfg.release.onto))
-        report.found["base"] = True  # the run trained on the weights the target version serves
+        report.found["base"] = True  # the run trained on the weights the target version serves, or logged no digest
+        if not match.proven:
+            report.warnings.append(
+                f"run '{run.run_id}' logged no base digest ({T.TRAINING_BASE_SHA256}): promote computes it from "
+                f"the checkpoint's base weights at intake and refuses a base other than {match.where}'s there, "
+                "after the download (log it with `relctl digest CHECKPOINT_DIR` to be refused in seconds)")
         return adapter_model_name(cfg.model, match.model, registry.experiment_name(run.experiment_id))
     except InputError as exc:
         report.found["base"] = False

@@ -306,6 +306,15 @@ class Registry:
             raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
         return {str(v.version): T.engine_label(dict(v.tags or {})) for v in found}
 
+    def version_tags(self, name: str) -> dict[str, dict[str, str]]:
+        """{version: its tags} for every version of `name`, in one search (registry/kinds.py: which kind of
+        release a name holds)."""
+        try:
+            found = self.client.search_model_versions(f"name = {fl.literal(name)}")
+        except MlflowException as exc:
+            raise RegistryError(f"cannot search the versions of '{name}': {exc.message}") from exc
+        return {str(v.version): dict(v.tags or {}) for v in found}
+
     def versions(self, name: str) -> list[VersionRecord]:
         """Every version of `name`, oldest first (`relctl sign` walks them)."""
         try:

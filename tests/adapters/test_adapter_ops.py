@@ -100,7 +100,7 @@ def test_release_yaml_adapter_mode_bad_input_is_one_line(project_dir: Path) -> N
 
 
 def test_what_an_adapter_release_would_skip_is_refused(tiny_run: Any, project_dir: Path) -> None:
-    """Gates other than the canary, require_approval, a required gate not configured, engines: an adapter
+    """Gates other than the canary, require_approval with a canary, a required gate not configured, engines: an adapter
     release does not carry them out, so each is exit 2 (one line each, from promote and from check) before
     anything is written, never skipped in silence."""
     served = folder_base_digest(tiny_run.checkpoint_dir)
@@ -108,7 +108,7 @@ def test_what_an_adapter_release_would_skip_is_refused(tiny_run: Any, project_di
     run_id = load_train_module().log_run(tiny_run, project_dir, experiment="support")
     cases = {
         "gates:\n  eval: {}\n  safety: {}\n": "gates.eval, gates.safety: not run by an adapter release",
-        "require_approval: true\n": "require_approval: an adapter release does not wait for an approval",
+        "require_approval: true\ngates:\n  canary: {}\n": "require_approval with gates.canary: an adapter's canary",
         "require: [canary]\n": "release.yaml: require lists canary, which gates: does not configure",
         "engines:\n  - {backend: vllm, precision: fp32}\n": "engines: an adapter serves on its base's engine",
     }

@@ -96,12 +96,33 @@ def test_what_cannot_be_proven_is_refused_before_any_download(tiny_run: Any, pro
     base_version(project_dir, digest, merged="sha256:" + "ab" * 32)
     merged = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}@production")
     assert merged.exit_code == 2 and "merged into it" in merged.stderr and digest in merged.stderr
-    # A run that records no base digest cannot be proven to match anything.
+    # A run that logged no base digest is matched by its checkpoint's (it holds the base weights), computed
+    # at intake: another base is still refused, exit 2 naming both digests and the fix, nothing registered.
     mlflow.MlflowClient().delete_tag(run_id, T.TRAINING_BASE_SHA256)
-    base_version(project_dir, digest)
-    untagged = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}/2", "--json")
-    assert untagged.exit_code == 2 and T.TRAINING_BASE_SHA256 in untagged.stderr
-    assert json.loads(relctl(project_dir, "status", BASE, "--json").stdout)["aliases"]["production"]["version"] == "2"
+    served = "sha256:" + "cd" * 32
+    other = base_version(project_dir, served)
+    untagged = relctl(project_dir, "promote", run_id, "--onto", f"{BASE}/{other}", "--json")
+    assert untagged.exit_code == 2, untagged.output
+    error, hint = untagged.stderr.splitlines()[-2:]
+    assert digest in error and served in error and "by its checkpoint's base weights" in error, error
+    assert hint.startswith("hint: ") and "relctl digest" in hint, hint
+    assert json.loads(relctl(project_dir, "status", BASE, "--json").stdout)["aliases"]["production"]["version"] == other
+    assert not Registry(resolve_store(project_dir)).model_exists(f"{BASE}-adapter")
+
+
+def test_digest_prints_the_base_digest_a_run_logs(tiny_run: Any, project_dir: Path, tmp_path: Path) -> None:
+    """`relctl digest DIR` is the digest promote compares (folder_base_digest: adapter files excluded), in
+    text and --json; a folder that is not there or holds no weights is exit 2 with its fix."""
+    digest = folder_base_digest(tiny_run.checkpoint_dir)
+    text = relctl(project_dir, "digest", str(tiny_run.checkpoint_dir))
+    assert text.exit_code == 0 and text.stdout.strip() == digest, text.output
+    data = json.loads(relctl(project_dir, "digest", str(tiny_run.checkpoint_dir), "--json").stdout)
+    assert data["base_sha256"] == digest and sorted(data["weights_sha256"]) == ["model.safetensors"]
+    for folder in (tmp_path / "missing", tmp_path):
+        bad = relctl(project_dir, "digest", str(folder))
+        lines = bad.stderr.splitlines()
+        assert bad.exit_code == 2 and len(lines) == 2, bad.output
+        assert lines[0].startswith("error: ") and lines[1].startswith("hint: "), lines
 
 
 def adapter_version(project: Path, name: str, base_version_number: str, digest: str,
