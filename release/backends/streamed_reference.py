@@ -15,7 +15,9 @@ Every product is fp32 (a bf16/fp16 weight widened into a scratch buffer allocate
 numbers of an fp32 load, which the transformers reference's are too), the vocabulary projection a slice of
 rows at a time. The weights stay where they are: each safetensors file is mapped (copy-on-write, never
 written), so the checkpoint is read from disk once when memory allows and its pages stay reclaimable.
-Threads: one per CPU this process may run on (`os.sched_getaffinity`).
+Threads: one per CPU this process may run on (`os.sched_getaffinity`) that the load average leaves idle, at
+least one (`threads_for_this_machine`): on a shared runner, threads beyond the idle cores wait on each other
+at every operation (0.5B, 8 prompts, 3 new tokens at load 5.5 on 2 cores: 41.6 s with 2 threads, 6.0 s with 1).
 
 `supported(config)` says which checkpoints it computes; any other goes to the transformers reference.
 tests/backends/test_streamed_reference.py checks its logits against the transformers reference's.
@@ -66,6 +68,12 @@ def supported(config: dict[str, Any]) -> str | None:
     return None
 
 
+def threads_for_this_machine() -> int:
+    """The CPUs this process may run on, less those the 1-minute load average keeps busy; at least one."""
+    cpus = len(os.sched_getaffinity(0))
+    return max(1, min(cpus, round(cpus - os.getloadavg()[0])))
+
+
 class _Tensors:
     """Every tensor of the folder's safetensors files, mapped (not read) by name."""
 
@@ -104,7 +112,8 @@ class StreamedReference(FolderFacts):
         import torch  # noqa: PLC0415 - relctl's [models] extra
 
         self._torch: Any = torch
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+        self.threads = threads_for_this_machine()
+        torch.set_num_threads(self.threads)
         config = self._read_facts(model_dir)
         why = supported(config)
         if why is not None:
@@ -171,12 +180,16 @@ class StreamedReference(FolderFacts):
         variance = x.pow(2).mean(-1, keepdim=True)
         return self._w.get(name).float() * (x * self._torch.rsqrt(variance + self.eps))
 
-    def _rope(self, x: Any, positions: Any) -> Any:
-        """x (rows, heads, head_dim) rotated at `positions` (rows,), as transformers' rotate_half does."""
-        torch = self._torch
+    def _angles(self, positions: Any) -> tuple[Any, Any]:
+        """cos and sin at `positions` (rows,), as transformers' rotary embedding computes them; once per pass."""
         freqs = positions.float()[:, None] * self._inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
+        emb = self._torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]
+
+    def _rope(self, x: Any, angles: tuple[Any, Any]) -> Any:
+        """x (rows, heads, head_dim) rotated by `angles`, as transformers' rotate_half does."""
+        torch = self._torch
+        cos, sin = angles
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
@@ -190,12 +203,13 @@ class StreamedReference(FolderFacts):
         flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.int64)
         positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
         x = self._w.get("model.embed_tokens.weight")[flat].float()
+        angles = self._angles(positions)
         groups = self.heads // self.kv_heads
         for layer in range(self.layers):
             p = f"model.layers.{layer}"
             h = self._norm(x, f"{p}.input_layernorm.weight")
-            q = self._rope(self._linear(h, f"{p}.self_attn.q_proj").view(-1, self.heads, self.head_dim), positions)
-            k = self._rope(self._linear(h, f"{p}.self_attn.k_proj").view(-1, self.kv_heads, self.head_dim), positions)
+            q = self._rope(self._linear(h, f"{p}.self_attn.q_proj").view(-1, self.heads, self.head_dim), angles)
+            k = self._rope(self._linear(h, f"{p}.self_attn.k_proj").view(-1, self.kv_heads, self.head_dim), angles)
             v = self._linear(h, f"{p}.self_attn.v_proj").view(-1, self.kv_heads, self.head_dim)
             outs = []
             offset = 0
