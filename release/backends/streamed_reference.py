@@ -40,6 +40,8 @@ from release.core.tokenizer_file import load_tokenizer
 
 BATCH = 8  # as the transformers reference: max_new_tokens is capped by the context per group of 8 prompts
 VOCAB_ROWS = 8192  # rows of the vocabulary projection widened at a time
+BLOCK = 512  # output rows of a layer widened at a time when few token rows go through it
+BLOCK_ROWS_UP_TO = 64  # token rows up to which a layer is widened block by block
 _DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 _FAMILIES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
@@ -171,7 +173,19 @@ class StreamedReference(FolderFacts):
 
     def _linear(self, x: Any, prefix: str) -> Any:
         torch = self._torch
-        out = torch.nn.functional.linear(x, self._fp32(f"{prefix}.weight"))
+        weight = self._w.get(f"{prefix}.weight")
+        if weight.dtype == torch.float32 or x.shape[0] > BLOCK_ROWS_UP_TO:
+            out = torch.nn.functional.linear(x, self._fp32(f"{prefix}.weight"))
+        else:
+            # A few rows (a decode step): widen and multiply BLOCK output rows at a time, so the fp32 copy
+            # stays in the cache instead of making a round trip through memory (the same dot products).
+            out = x.new_empty(x.shape[0], weight.shape[0])
+            buf = self._scratch.get((BLOCK, weight.shape[1]))
+            if buf is None:
+                buf = self._scratch[(BLOCK, weight.shape[1])] = torch.empty(BLOCK, weight.shape[1])
+            for r0 in range(0, weight.shape[0], BLOCK):
+                r1 = min(weight.shape[0], r0 + BLOCK)
+                out[:, r0:r1] = torch.nn.functional.linear(x, buf[:r1 - r0].copy_(weight[r0:r1]))
         if self._w.has(f"{prefix}.bias"):
             out += self._w.get(f"{prefix}.bias").float()
         return out
