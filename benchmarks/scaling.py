@@ -573,9 +573,11 @@ def earlier_builder(label: str, size: str, precision: str, rows: dict[str, Any] 
     return {**fastest, "measured_under_label": other}
 
 
-def save(label: str, key: str, update: dict[str, Any] | None = None, row: dict[str, Any] | None = None) -> None:
+def save(label: str, key: str, update: dict[str, Any] | None = None, row: dict[str, Any] | None = None,
+         main_fit: bool = False) -> None:
     """Merge one row (or `update` into an existing row) and refit. Read again just before writing: another
-    invocation (another size) may have written meanwhile."""
+    invocation (another size) may have written meanwhile. Every label's fit is kept in `fit_by_label`; the
+    main `fit` (the one the docs read at 8B/70B) changes only with --refit (`main_fit`) or when there is none."""
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     rows = results.setdefault("rows", {})
     if row is not None:
@@ -593,7 +595,9 @@ def save(label: str, key: str, update: dict[str, Any] | None = None, row: dict[s
         kept["against_floors"] = against_floors(kept)
     results["machine"] = {"cpus": os.cpu_count(), "ram_bytes": psutil.virtual_memory().total}
     refit = fit(rows, label)
-    if refit or "fit" not in results:  # a label with one size leaves the last fit (and its label) standing
+    if refit:
+        results.setdefault("fit_by_label", {})[label] = refit
+    if (refit and main_fit) or "fit" not in results:
         results["fit"] = refit
         results["fit_label"] = label
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
@@ -614,7 +618,7 @@ def main() -> None:
     args = parser.parse_args()
     cap = int(args.builder_cap_gb * GB)
     if args.refit:
-        save(args.label, "")
+        save(args.label, "", main_fit=True)
         return
     for size in args.sizes.split(","):
         for precision in args.precisions.split(","):
