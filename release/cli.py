@@ -118,7 +118,7 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
             dry_run: bool, summary_path: Path | None, keep_going: bool, onto: str | None, canary_server: str | None,
             strand_adapters: bool, as_json: bool) -> None:
     """Promote training run RUN_ID to production (exit 0), or say why not (1 blocked, 2 bad input)."""
-    from release.commands import api
+    from release.commands.preflight import preflight
     from release.core.progress import Progress
 
     ctx.as_json = as_json
@@ -149,9 +149,13 @@ def promote(ctx: Ctx, run_id: str, config_path: Path | None, precision: str | No
         overrides["convert.precision"] = precision
     if model_name:
         overrides["model"] = model_name
+    # release.yaml and the flags first: a bad value is refused before api (the registry client, MLflow) loads.
+    loaded = preflight(ctx.project_dir, config_path, overrides)
+    from release.commands import api
+
     progress = Progress(quiet=ctx.quiet)
     report = api.promote(run_id, ctx.project_dir, config_path, overrides, dry_run, progress, summary_path,
-                         keep_going)
+                         keep_going, loaded)
     if report.outcome == "awaiting-approval":
         done = (f"{report.model} v{report.version} passed its gates and waits for an approval: "
                 f"relctl approve {report.model}/{report.version} --reason ...")
@@ -210,11 +214,14 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 def check(ctx: Ctx, run_id: str, config_path: Path | None, onto: str | None, model_name: str | None,
           as_json: bool) -> None:
     """Check RUN_ID against the run contract and release.yaml in seconds: every problem at once (exit 2)."""
-    from release.commands import api
+    from release.commands.preflight import preflight
     from release.core.errors import InputProblems
 
     ctx.as_json = as_json
-    report = api.check(run_id, ctx.project_dir, config_path, onto, model_name)
+    loaded = preflight(ctx.project_dir, config_path)  # before api: a bad release.yaml never loads MLflow
+    from release.commands import api
+
+    report = api.check(run_id, ctx.project_dir, config_path, onto, model_name, loaded)
     data = {"run_id": run_id, "ok": not report.problems, "model": report.model, "found": report.found,
             "warnings": report.warnings,
             "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}

@@ -24,13 +24,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-import numpy as np
 from pydantic import BaseModel
 
 from release.backends.planning import EnginePlan, Target
 from release.core.errors import InputError
 
 if TYPE_CHECKING:  # a backend module must import without starting anything
+    import numpy as np  # an annotation only: reading release.yaml does not load numpy
+
     from release.backends.jobs import Job, ModelLimits
     from release.core.server_settings import ServerSettings
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from release.commands.preflight import Preflight, preflight
 from release.core.errors import InputError, RegistryError
 from release.core.escape import markdown
 from release.core.model_name import check_model_name, check_version_number
@@ -40,54 +41,46 @@ def promote(
     progress: Progress | None = None,
     summary_path: Path | None = None,
     keep_going: bool = False,
+    loaded: Preflight | None = None,
 ) -> ReleaseReport:
     """Promote training run `run_id`; raises Blocked (exit 1) when validation or a gate refuses it.
 
     After a failed gate the later gates do not run unless `keep_going`.
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
+    `loaded`: release.yaml and the gates as the CLI already checked them (release/commands/preflight.py).
     """
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the read commands
-    from release.core.progress import Progress  # noqa: PLC0415 - as above
-    from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
+    from release.core.progress import Progress  # noqa: PLC0415 - not for the read commands
     from release.pipeline.contract import require_contract  # noqa: PLC0415 - as above
 
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
-    cfg = load_config(config_path, overrides)
+    pre = loaded or preflight(project_dir, config_path, overrides)
     progress = progress or Progress(quiet=True)
-    gates = load_gates(cfg.gates)  # every gate validates its block before any work
     store = resolve_store(project_dir)
     connect(store)
     # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
     # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
-    contract = require_contract(Registry(store), run_id, cfg, gates,
-                                config_path.parent if config_path else project_dir, progress.note)
+    contract = require_contract(Registry(store), run_id, pre.cfg, pre.gates, pre.config_dir or project_dir,
+                                progress.note)
     from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
 
-    promotion = Promotion(cfg, store, project_dir, config_path, progress, keep_going)
-    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
+    promotion = Promotion(pre.cfg, store, project_dir, pre.config_path, progress, keep_going)
+    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=pre.gates)
 
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None, onto: str | None = None,
-          model: str | None = None) -> Any:
+          model: str | None = None, loaded: Preflight | None = None) -> Any:
     """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract); with
     `onto` (promote --onto's base) or release.mode adapter, the adapter release's pre-flight, `model` naming
     the registered model as promote's --model does (with --onto: the adapter's)."""
     from release.adapters.api import adapter_overrides  # noqa: PLC0415 - adapters: not for the other reads
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the other reads
-    from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
-    from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
+    from release.pipeline.contract import check_run  # noqa: PLC0415 - not for the other reads
 
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
-    cfg = load_config(config_path)
-    overrides = adapter_overrides(cfg, onto, model)  # promote --onto's release, as release.yaml would say it
+    pre = loaded or preflight(project_dir, config_path)
+    overrides = adapter_overrides(pre.cfg, onto, model)  # promote --onto's release, as release.yaml would say it
     if overrides:
-        cfg = load_config(config_path, overrides)
-    gates = load_gates(cfg.gates)
+        pre = preflight(project_dir, pre.config_path, overrides)
     registry = open_registry(project_dir, read_only=True)
-    return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
+    return check_run(registry, run_id, pre.cfg, pre.gates, pre.config_dir or project_dir)
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,

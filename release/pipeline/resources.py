@@ -41,6 +41,15 @@ DISK_SLACK = 256 << 20
 DISK_MARGIN = 1.1  # the measured peak was 1.0x (scaling.json); the issue's goal is at most 1.2x
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 _UNLIMITED = 1 << 60
+# The kernel keeps a memory limit in whole pages: a v1 memory.limit_in_bytes (and a v2 memory.max) written as
+# N bytes reads back as N rounded down to a page. A runner given exactly the figure `relctl check` reports
+# therefore shows up to a page less; that is the limit asked for, not a smaller machine.
+PAGE = 4096
+
+
+def page_floor(n_bytes: int) -> int:
+    """`n_bytes` rounded down to a whole page, as the kernel stores a cgroup memory limit."""
+    return n_bytes - n_bytes % PAGE
 
 
 @dataclass(frozen=True)
@@ -139,9 +148,12 @@ def machine(project_dir: Path) -> Machine:
 def shortfalls(need: Needs, have: Machine) -> list[tuple[str, str]]:
     """(error, hint) for each resource the machine lacks."""
     out = []
-    if have.memory_bytes is not None and need.memory_bytes > have.memory_bytes:
-        out.append((f"this release needs about {size(need.memory_bytes)} of memory and the machine has "
-                    f"{size(have.memory_bytes)} ({have.memory_source}): {need.describe()}",
+    if have.memory_bytes is not None and page_floor(need.memory_bytes) > have.memory_bytes:
+        # Exact bytes beside the rounded sizes: two figures a page apart both read "9.97 GiB".
+        out.append((f"this release needs about {size(need.memory_bytes)} ({need.memory_bytes:,} bytes; a limit "
+                    f"of {page_floor(need.memory_bytes):,} bytes or more is enough, the kernel rounding it to "
+                    f"a {PAGE}-byte page) of memory and the machine has {size(have.memory_bytes)} "
+                    f"({have.memory_bytes:,} bytes, {have.memory_source}): {need.describe()}",
                     "run it on a runner with more memory, or choose a smaller precision (int4 needs the least)"))
     if need.disk_bytes > have.disk_free_bytes:
         out.append((f"this release needs about {size(need.disk_bytes)} of disk and {have.disk_path} has "

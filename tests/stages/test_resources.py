@@ -79,5 +79,5 @@ def test_inside_a_memory_limit_too_small_check_and_promote_refuse_before_any_sta
         done = run_limited([*RELCTL, "--project-dir", str(folder), *command], limit, env=env(), timeout_s=300)
         assert not done.killed, done.stderr
         assert done.returncode == EXIT_BAD_INPUT, done.stdout + done.stderr
-        assert "of memory and the machine has 700.00 MiB (cgroup limit)" in done.stderr, done.stderr
+        assert "of memory and the machine has 700.00 MiB (734,003,200 bytes, cgroup limit)" in done.stderr, done.stderr
     assert not (folder / ".relctl" / "work").exists()  # no stage started

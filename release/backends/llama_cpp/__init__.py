@@ -137,9 +137,10 @@ class LlamaCppBackend(Backend):
         return served_model(self, model_dir)
 
     def load_reference(self, model_dir: Path) -> LoadedModel:
-        from release.backends.torch_reference import TorchReference  # noqa: PLC0415 - loads torch
+        from release.backends.streamed_reference import load_checkpoint_reference  # noqa: PLC0415 - loads torch
 
-        return TorchReference(model_dir)
+        reference: LoadedModel = load_checkpoint_reference(model_dir)
+        return reference
 
     def precision_of(self, model_dir: Path) -> str:
         file_type = read_gguf(model_dir / GGUF_FILE).file_type

@@ -133,12 +133,14 @@ class OnnxruntimeGenaiBackend(Backend):
 
     def load_reference(self, model_dir: Path) -> LoadedModel:
         # A built folder (`relctl validate REFERENCE CANDIDATE` with an fp32 build) runs as it is; a
-        # checkpoint runs in PyTorch (release/backends/torch_reference.py).
+        # checkpoint runs in PyTorch: streamed where the family is supported (release/backends/
+        # streamed_reference.py), else transformers (release/backends/torch_reference.py).
         if self.recognizes(model_dir):
             return self.load(model_dir)
-        from release.backends.torch_reference import TorchReference  # noqa: PLC0415 - loads torch
+        from release.backends.streamed_reference import load_checkpoint_reference  # noqa: PLC0415 - loads torch
 
-        return TorchReference(model_dir)
+        reference: LoadedModel = load_checkpoint_reference(model_dir)
+        return reference
 
     def runtime_config(self, model_dir: Path) -> dict[str, Any]:
         path = model_dir / GENAI_CONFIG

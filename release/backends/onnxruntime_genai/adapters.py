@@ -22,13 +22,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from release.core.errors import InputError
 from release.core.jsonfile import load_json_object
+
+if TYPE_CHECKING:
+    import numpy as np  # annotations; each function that computes imports it (GenaiSettings, read from
+    # release.yaml, must not load numpy: a refused release.yaml answers at about `relctl --help`'s cost)
 
 MODEL_FILE = "model.onnx"
 ADAPTER_FILE = "adapter.onnx_adapter"
@@ -113,6 +116,7 @@ def make_lora_ready(model_dir: Path, targets: list[str], rank: int = DEFAULT_RAN
     """Add a zero LoRA path on every `targets` projection of every layer of model_dir/model.onnx, in place
     (the weights' external data file is left as it is); returns notes. InputError for a target the graph
     has no projection for."""
+    import numpy as np  # noqa: PLC0415
     import onnx  # noqa: PLC0415
     from onnx import helper, numpy_helper  # noqa: PLC0415
 
@@ -232,6 +236,7 @@ def _toposort(graph: Any) -> None:
 def adapter_parameters(adapter_dir: Path, model_dir: Path) -> dict[str, np.ndarray]:
     """The PEFT adapter in `adapter_dir` as the LoRA-ready base's graph inputs: A = lora_A.T, B = (lora_B *
     scaling).T, named and shaped exactly as the graph declares them; InputError for anything else."""
+    import numpy as np  # noqa: PLC0415
     from safetensors.numpy import load_file  # noqa: PLC0415
 
     label = f"{adapter_dir.name}/{PEFT_FILES[0]}"
@@ -303,6 +308,7 @@ def adapter_file(folder: Path) -> Path:
 
 def adapter_parameters_of(folder: Path) -> dict[str, np.ndarray]:
     """The tensors of an exported .onnx_adapter file, by graph input name."""
+    import numpy as np  # noqa: PLC0415
     import onnxruntime as ort  # noqa: PLC0415
 
     reader = ort.AdapterFormat.read_adapter(str(adapter_file(folder)))
