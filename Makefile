@@ -11,7 +11,7 @@ SHELL  := bash
 DEMO   := examples/tiny-llm
 RELCTL := $(BIN)/relctl --project-dir $(DEMO)
 
-.PHONY: install vllm-env llama-cpp-env browser tools postgres test test-shuffled test-scale demo demo-ui lint typecheck bench clean
+.PHONY: install vllm-env llama-cpp-env browser tools postgres test test-fast test-shuffled test-scale demo demo-ui lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,11 @@ postgres:
 TEST_SEED ?= 20261205
 test: install vllm-env llama-cpp-env browser tools postgres lint
 	$(BIN)/pytest -q --durations=40 -p randomly --randomly-seed=$(TEST_SEED)
+
+# The edit-test loop: lint, types and the unit and contract tests, no engine start (every module marked slow
+# or listed in tests/engine_modules.txt is left out: tests/conftest.py); under 10 minutes on 2 cores.
+test-fast: install lint
+	$(BIN)/pytest -q --durations=20 -m "not engine" -p randomly --randomly-seed=$(TEST_SEED)
 
 test-shuffled: install vllm-env llama-cpp-env browser tools postgres
 	$(BIN)/pytest -q --durations=40

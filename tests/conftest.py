@@ -136,3 +136,35 @@ def project_dir(tmp_path: Path) -> Path:
     path = tmp_path / "project"
     path.mkdir()
     return path
+
+
+# -- make test-fast: the unit and contract tests, no engine start ---------------------------------------------
+# A module is an engine module when it is marked slow or listed in tests/engine_modules.txt: the modules in
+# which a measured `make test` spent more than ENGINE_SECONDS on one test (a module fixture that builds or
+# starts an engine charges its first test, so the whole module goes). `make test-fast` deselects the marker;
+# `make test` runs everything. Regenerate the list from a run recorded with RELCTL_TEST_DURATIONS=FILE:
+# `python -m tests.durations FILE > tests/engine_modules.txt`.
+ENGINE_MODULES = Path(__file__).with_name("engine_modules.txt")
+
+
+def engine_modules() -> set[str]:
+    lines = ENGINE_MODULES.read_text().splitlines() if ENGINE_MODULES.is_file() else []
+    return {line.split("#")[0].strip() for line in lines} - {""}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    listed = engine_modules()
+    for item in items:
+        if item.get_closest_marker("slow") or item.nodeid.split("::")[0] in listed:
+            item.add_marker(pytest.mark.engine)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With RELCTL_TEST_DURATIONS=FILE, each phase's seconds are appended there as the run goes (tab separated:
+    node id, phase, seconds): the record tests/durations.py reads."""
+    import os
+
+    path = os.environ.get("RELCTL_TEST_DURATIONS")
+    if path:
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\n")
