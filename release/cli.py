@@ -209,7 +209,8 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
     report = api.check(run_id, ctx.project_dir, config_path)
     data = {"run_id": run_id, "ok": not report.problems, "model": report.model, "found": report.found,
             "warnings": report.warnings,
-            "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
+            "needs": report.needs, "bounds": report.bounds,
+            "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
     if as_json:
         emit(data, True, lambda: None)
     for warning in report.warnings:
@@ -227,6 +228,8 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, as_json: bool) -> Non
             click.echo(f"the release needs about {size(n['memory_bytes'])} of memory (set by {n['memory_set_by']}) "
                        f"and {size(n['disk_bytes'])} of disk ({n['precision']} of a {size(n['checkpoint_bytes'])} "
                        f"checkpoint, candidate {size(n['candidate_bytes'])})")
+        for line in report.bounds:
+            click.echo(line)
 
 
 @cli.command()
@@ -396,7 +399,7 @@ def gc(ctx: Ctx, confirmed: bool, include_unfinished: bool, as_json: bool) -> No
     plan = workdirs.plan_gc(work_root, uri, workdirs.finished_runs(registry), work_root)
     rows: list[dict[str, Any]] = []
     for folder in plan:
-        wanted = not folder.in_flight and (folder.finished or include_unfinished)
+        wanted = folder.removable(include_unfinished)
         removed = confirmed and wanted and workdirs.collect(folder, uri, work_root, include_unfinished)
         rows.append({"run": folder.run_id, "bytes": folder.bytes, "finished": folder.finished,
                      "in_flight": folder.in_flight, "would_remove": wanted, "removed": removed})
@@ -405,7 +408,10 @@ def gc(ctx: Ctx, confirmed: bool, include_unfinished: bool, as_json: bool) -> No
         from release.core.units import size
 
         for row, folder in zip(rows, plan, strict=True):
-            verb = "removed" if row["removed"] else ("would remove" if row["would_remove"] else "keeps")
+            if confirmed:   # what happened, not what was planned: a folder rmtree could not delete is "kept"
+                verb = "removed" if row["removed"] else "kept"
+            else:
+                verb = "would remove" if row["would_remove"] else "keeps"
             click.echo(f"{verb:<12} {size(folder.bytes):>10}  {folder.run_id}  ({folder.action})")
         total = sum(r["bytes"] for r in rows if r["removed"] or (r["would_remove"] and not confirmed))
         click.echo(f"{'freed' if confirmed else 'would free'} {size(total)}"

@@ -108,11 +108,15 @@ def _known_or_auto(value: str) -> str:
     by the backend's target_problem with the rest of the contract), or `auto`: the cheapest variant that passes
     (release/pipeline/precision_search.py)."""
     from release.backends import installed_precisions  # noqa: PLC0415 - entry points, only when validated
-    from release.backends.variants import AUTO_PRECISION, base_precision  # noqa: PLC0415
+    from release.backends.variants import AUTO_PRECISION, parse_variant  # noqa: PLC0415
 
     if value == AUTO_PRECISION:
         return value
-    _one_of("precision", base_precision(value), [*installed_precisions(), AUTO_PRECISION])
+    try:   # the grammar first: "int4+" or "int4+int8=" is the user's to fix (exit 2), named with its key
+        variant = parse_variant(value)
+    except InputError as exc:
+        raise ValueError(f"{exc.message} ({exc.hint})") from exc
+    _one_of("precision", variant.precision, [*installed_precisions(), AUTO_PRECISION])
     return value
 
 
