@@ -12,13 +12,13 @@ from __future__ import annotations
 import difflib
 import traceback
 from collections.abc import Callable, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
 from pydantic import ValidationError
 
 from release.core.errors import ConfigError, InputError
-from release.core.plugins import PluginBroken, load_entry_point
+from release.core.plugins import PluginBroken, group_entry_points, load_plugin
 from release.gating.contract import Gate, GateContext, GateResult
 
 ENTRY_POINT_GROUP = "relctl.gates"
@@ -30,20 +30,14 @@ def available_gates() -> dict[str, type[Gate]]:
 
 
 def _gate_entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return group_entry_points(ENTRY_POINT_GROUP)
 
 
 def _load(ep: EntryPoint) -> type[Gate]:
-    try:   # nothing the plug-in does at import (raise, sys.exit, print) ends or changes the command
-        cls: type[Gate] = load_entry_point(ep, "gate")  # type: ignore[assignment]
+    try:   # the one plug-in loader: nothing it does at import ends or changes the command; its id is its name
+        cls: type[Gate] = load_plugin(ep, "gate")
     except PluginBroken as exc:
-        raise ConfigError(exc.reason, hint=f"fix or reinstall the package that provides gate '{ep.name}'") from exc
-    if getattr(cls, "id", None) != ep.name:
-        # The id is the config key and the report label; a mismatch would make both lie.
-        raise ConfigError(
-            f"gate plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its entry-point name '{ep.name}'",
-            hint="register the gate under its own id",
-        )
+        raise ConfigError(exc.reason, hint=exc.hint) from exc
     return cls
 
 
