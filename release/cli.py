@@ -339,10 +339,17 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
 
     data = api.verify(spec, ctx.project_dir)
     what = f"{data['model']} v{data['version']}" if "model" in data else data["package"]
+    if data["signature"] != "verified":
+        # Fail closed on every path: with no trusted key in effect (signing: off, or none configured) the files
+        # may match their manifest, but nothing vouches that the manifest is the released one.
+        raise InputError(f"{what}: files match the manifest, but no signature was verified ({data['signature']}: "
+                         + ("release.yaml says `signing: off`" if data["signature"] == "unsigned"
+                            else "this project trusts no release key") + ")",
+                         hint="turn signing on (drop `signing: off`, run `relctl keygen`, then `relctl sign MODEL` for "
+                              "the versions released unsigned) to verify signatures")
     approval = data.get("approval")
     approved = f"; {approval['text']}" if approval else ""
-    signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
-              else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
+    signed = f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})"
     base = data.get("adapter_of")
     bound = (f"; an adapter bound by its signed package to {base['model']} v{base['version']} (base "
              f"{base['sha256']})" if base else "")
