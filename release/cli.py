@@ -91,7 +91,8 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @cli.command()
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+              help="release.yaml, relative to PROJECT_DIR unless absolute (default: PROJECT_DIR/release.yaml if "
+                   "present, else built-in defaults).")
 @click.option("--precision", help="Override convert.precision (one an installed backend builds: relctl backends).")
 @click.option("--model", "model_name", help="Override the registered model name.")
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
@@ -196,7 +197,8 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 @cli.command()
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+              help="release.yaml, relative to PROJECT_DIR unless absolute (default: PROJECT_DIR/release.yaml if "
+                   "present, else built-in defaults).")
 @json_option
 @click.pass_obj
 @handled

@@ -230,6 +230,7 @@ class ReleaseConfig(Strict):
                                                 "adapter's own model, default BASE-EXPERIMENT)")
     release: ModeConfig = ModeConfig()
     source: SourceConfig = SourceConfig()
+    _file: str = PrivateAttr(default=CONFIG_FILE)   # the file errors name: release.yaml, or the -c file's name
     merge: MergeConfig = MergeConfig()
     convert: ConvertConfig = ConvertConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -296,15 +297,28 @@ class ReleaseConfig(Strict):
         return given or mine
 
 
+def config_path(project_dir: Path, given: Path | None) -> Path | None:
+    """The release.yaml a project command reads: `-c FILE` resolved against the project folder (as the default
+    PROJECT_DIR/release.yaml is, so `--project-dir` means the same for both; an absolute FILE as it is), else
+    PROJECT_DIR/release.yaml when it exists, else None (built-in defaults)."""
+    if given is None:
+        default = project_dir / CONFIG_FILE
+        return default if default.is_file() else None
+    return given if given.is_absolute() else project_dir / given
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
-    """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`."""
+    """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`. Every error names
+    the file by its own name (a `-c staging.yaml` is not called release.yaml)."""
     data: dict[str, Any] = {}
     label = path.name if path else CONFIG_FILE
     if path is not None:
         if not path.is_file():
-            raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
+            raise ConfigError(f"{path}: no such config file",
+                              hint="-c FILE is read relative to the project folder (--project-dir) unless absolute; "
+                                   "without -c, PROJECT_DIR/release.yaml is read when it exists")
         try:   # one loader: UTF-8, bounded size and depth, a key given twice refused (not last-one-wins)
-            loaded = load_yaml(path, hint="fix release.yaml (see templates/release.yaml)", label=label) or {}
+            loaded = load_yaml(path, hint=f"fix {label} (see templates/release.yaml)", label=label) or {}
         except InputError as exc:
             raise ConfigError(exc.message, hint=exc.hint) from exc
         if not isinstance(loaded, dict):
@@ -316,6 +330,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         config = ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
+    config._file = label
     for backend_id, settings in config.convert.engines().items():
         # Each backend applies its own block now, before anything slow (e.g. an engine's python, handed to
         # the engine processes relctl starts).
@@ -323,6 +338,11 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
 
         get_backend(backend_id).configure(settings, path.parent if path else Path.cwd(), label)
     return config
+
+
+def config_label(config: ReleaseConfig) -> str:
+    """The name of the file `config` was read from (release.yaml for the defaults): what its errors name."""
+    return config._file
 
 
 def gate_settings(path: Path, gate_id: str) -> dict[str, Any]:

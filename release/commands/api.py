@@ -47,16 +47,16 @@ def promote(
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the read commands
+    from release.config import config_label, load_config  # noqa: PLC0415 - config and gates: not for the reads
+    from release.config import config_path as resolve_config  # noqa: PLC0415 - as above
     from release.core.progress import Progress  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
     from release.pipeline.contract import require_contract  # noqa: PLC0415 - as above
 
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
+    config_path = resolve_config(project_dir, config_path)
     cfg = load_config(config_path, overrides)
     progress = progress or Progress(quiet=True)
-    gates = load_gates(cfg.gates)  # every gate validates its block before any work
+    gates = load_gates(cfg.gates, config_label(cfg))  # every gate validates its block before any work
     store = resolve_store(project_dir)
     connect(store)
     # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
@@ -71,14 +71,14 @@ def promote(
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
     """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract)."""
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - config and gates: not for the other reads
+    from release.config import config_label, load_config  # noqa: PLC0415 - config and gates: not for the reads
+    from release.config import config_path as resolve_config  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
     from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
 
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
+    config_path = resolve_config(project_dir, config_path)
     cfg = load_config(config_path)
-    gates = load_gates(cfg.gates)
+    gates = load_gates(cfg.gates, config_label(cfg))
     registry = open_registry(project_dir, read_only=True)
     return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
 

@@ -41,52 +41,52 @@ def _load(ep: EntryPoint) -> type[Gate]:
     return cls
 
 
-def load_gates(block: Mapping[str, Mapping[str, Any] | None]) -> list[Gate]:
+def load_gates(block: Mapping[str, Mapping[str, Any] | None], file: str = "release.yaml") -> list[Gate]:
     """One configured gate per `gates.<id>` entry, in release.yaml order.
 
-    Unknown ids and invalid keys are ConfigErrors naming `gates.<id>.<key>`; an empty block
-    (`eval:` with nothing under it) means the gate's defaults.
+    Unknown ids and invalid keys are ConfigErrors naming `<file>: gates.<id>.<key>` (`file`: the config file's
+    name, a -c file's own); an empty block (`eval:` with nothing under it) means the gate's defaults.
     """
     gates: list[Gate] = []
     for gate_id, settings in block.items():
-        cls = find_gate(gate_id)
-        gates.append(cls(validate_block(cls, settings or {})))  # type: ignore[call-arg]
+        cls = find_gate(gate_id, file)
+        gates.append(cls(validate_block(cls, settings or {}, file)))  # type: ignore[call-arg]
     return gates
 
 
-def validate_block(cls: type[Gate], settings: Mapping[str, Any]) -> Any:
+def validate_block(cls: type[Gate], settings: Mapping[str, Any], file: str = "release.yaml") -> Any:
     """The gate's Config for `settings`, or a ConfigError naming the first bad key."""
     try:
         return cls.Config.model_validate(dict(settings))
     except ValidationError as exc:
-        raise _block_error(cls, exc) from exc
+        raise _block_error(cls, exc, file) from exc
 
 
-def _block_error(cls: type[Gate], exc: ValidationError) -> ConfigError:
+def _block_error(cls: type[Gate], exc: ValidationError, file: str) -> ConfigError:
     err = exc.errors()[0]
     where = ".".join(["gates", cls.id, *(str(p) for p in err["loc"])])
     if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
         close = difflib.get_close_matches(str(err["loc"][-1]), list(cls.Config.model_fields), n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(cls.Config.model_fields)}"
-        return ConfigError(f"release.yaml: unknown key '{where}'", hint=hint)
+        return ConfigError(f"{file}: unknown key '{where}'", hint=hint)
     if err["type"] == "extra_forbidden":
-        return ConfigError(f"release.yaml: unknown key '{where}'",
+        return ConfigError(f"{file}: unknown key '{where}'",
                            hint=f"see the gates.{cls.id} section of templates/release.yaml")
-    return ConfigError(f"release.yaml: {where}: {err['msg']}",
+    return ConfigError(f"{file}: {where}: {err['msg']}",
                        hint=f"see the gates.{cls.id} section of templates/release.yaml")
 
 
-def _unknown_gate(gate_id: str, known: list[str]) -> ConfigError:
+def _unknown_gate(gate_id: str, known: list[str], file: str) -> ConfigError:
     close = difflib.get_close_matches(gate_id, known, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"installed gates: {', '.join(sorted(known)) or 'none'}"
-    return ConfigError(f"release.yaml: unknown gate 'gates.{gate_id}'", hint=hint)
+    return ConfigError(f"{file}: unknown gate 'gates.{gate_id}'", hint=hint)
 
 
-def find_gate(gate_id: str) -> type[Gate]:
+def find_gate(gate_id: str, file: str = "release.yaml") -> type[Gate]:
     """The installed gate class for `gate_id` (only that plug-in is imported); ConfigError when unknown."""
     known = _gate_entry_points()
     if gate_id not in known:
-        raise _unknown_gate(gate_id, list(known))
+        raise _unknown_gate(gate_id, list(known), file)
     return _load(known[gate_id])
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from release.config import config_path as project_config_path
 from release.config import load_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
@@ -63,7 +64,8 @@ def _serve_on(listener: socket.socket, spec: str, host: str, port: int, project_
               adapter_packages: Sequence[str], follow_interval: float) -> None:
     package = resolve_package(spec, project_dir, cached_only=cached_only)
     refuse_adapter_package(spec, package)
-    settings = _settings(config_path) if config_path is not None else package_settings(package)
+    given = _project_file(project_dir, config_path)
+    settings = _settings(given) if given is not None else package_settings(package)
     follower = None
     if adapters or adapter_packages:
         from release.serving.adapters import AdapterTable  # noqa: PLC0415 - only a server of adapters
@@ -150,3 +152,8 @@ def _stderr(message: str) -> None:
 
 def _settings(config_path: Path) -> ServerSettings:
     return load_config(config_path).serving.server
+
+
+def _project_file(project_dir: Path, given: Path | None) -> Path | None:
+    """--config FILE against the project folder, as every project command reads -c (release/config.py)."""
+    return None if given is None else project_config_path(project_dir, given)
