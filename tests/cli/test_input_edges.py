@@ -118,3 +118,20 @@ def test_an_adapter_listing_of_another_shape_is_an_admin_error_naming_the_field(
     with pytest.raises(AdminError, match=names) as refused:
         AdminClient.of(f"http://{host!s}:{port}", "admin-key").listing()
     assert refused.value.exit_code == 4 and "relctl serve BASE@production --adapters" in (refused.value.hint or "")
+
+
+@pytest.mark.parametrize("answer", [{"data": 5}, {"data": {"id": "m"}}, [1, 2]])
+def test_a_models_listing_of_another_shape_states_nothing(server_answering: ThreadingHTTPServer,
+                                                           answer: object) -> None:
+    """GET /v1/models answered with another shape: bench treats the endpoint as stating no model or context
+    (--model then names it), instead of exit 3."""
+    from release.serving.loadgen.context import discover
+
+    _Answers.body = json.dumps(answer).encode()
+    host, port = server_answering.server_address[:2]
+    if isinstance(answer, list):
+        with pytest.raises(InputError, match="cannot list models"):
+            discover(f"http://{host!s}:{port}")
+        return
+    info = discover(f"http://{host!s}:{port}")
+    assert (info.model, info.max_model_len) == (None, None)
