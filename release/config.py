@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from release.core.errors import ConfigError, InputError
+from release.core.errors import ConfigError, InputError, InputProblems
 from release.core.jsonfile import load_yaml
 from release.core.model_name import bad_model_name
 from release.core.server_settings import ServerSettings
@@ -343,6 +345,26 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
 def config_label(config: ReleaseConfig) -> str:
     """The name of the file `config` was read from (release.yaml for the defaults): what its errors name."""
     return config._file
+
+
+def named(message: str, file: str) -> str:
+    """`message` naming `file` where it names release.yaml at its start (a gate's or the contract's problem
+    about a -c file says which file)."""
+    prefix = f"{CONFIG_FILE}:"
+    return f"{file}:{message[len(prefix):]}" if file != CONFIG_FILE and message.startswith(prefix) else message
+
+
+@contextmanager
+def errors_name(file: str) -> Iterator[None]:
+    """InputErrors raised inside name `file` instead of release.yaml (see `named`)."""
+    try:
+        yield
+    except InputError as exc:
+        exc.message = named(exc.message, file)
+        exc.args = (exc.message,)
+        if isinstance(exc, InputProblems):
+            exc.problems = [(named(m, file), h) for m, h in exc.problems]
+        raise
 
 
 def gate_settings(path: Path, gate_id: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def promote(
 
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     """
-    from release.config import config_label, load_config  # noqa: PLC0415 - config and gates: not for the reads
+    from release.config import config_label, errors_name, load_config  # noqa: PLC0415 - not for the reads
     from release.config import config_path as resolve_config  # noqa: PLC0415 - as above
     from release.core.progress import Progress  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
@@ -56,31 +56,36 @@ def promote(
     config_path = resolve_config(project_dir, config_path)
     cfg = load_config(config_path, overrides)
     progress = progress or Progress(quiet=True)
-    gates = load_gates(cfg.gates, config_label(cfg))  # every gate validates its block before any work
-    store = resolve_store(project_dir)
-    connect(store)
-    # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
-    # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
-    contract = require_contract(Registry(store), run_id, cfg, gates,
-                                config_path.parent if config_path else project_dir, progress.note)
-    from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
+    with errors_name(config_label(cfg)):   # a problem about a -c file names it, not release.yaml
+        gates = load_gates(cfg.gates, config_label(cfg))  # every gate validates its block before any work
+        store = resolve_store(project_dir)
+        connect(store)
+        # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
+        # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
+        contract = require_contract(Registry(store), run_id, cfg, gates,
+                                    config_path.parent if config_path else project_dir, progress.note)
+        from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
 
-    promotion = Promotion(cfg, store, project_dir, config_path, progress, keep_going)
-    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
+        promotion = Promotion(cfg, store, project_dir, config_path, progress, keep_going)
+        return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=gates)
 
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None) -> Any:
     """The run contract for `run_id` under this project's release.yaml (release.pipeline.contract)."""
-    from release.config import config_label, load_config  # noqa: PLC0415 - config and gates: not for the reads
+    from release.config import config_label, errors_name, load_config, named  # noqa: PLC0415 - not for the reads
     from release.config import config_path as resolve_config  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
     from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
 
     config_path = resolve_config(project_dir, config_path)
     cfg = load_config(config_path)
-    gates = load_gates(cfg.gates, config_label(cfg))
-    registry = open_registry(project_dir, read_only=True)
-    return check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
+    file = config_label(cfg)
+    with errors_name(file):   # a problem about a -c file names it, not release.yaml
+        gates = load_gates(cfg.gates, file)
+        registry = open_registry(project_dir, read_only=True)
+        report = check_run(registry, run_id, cfg, gates, config_path.parent if config_path else project_dir)
+    report.problems = [dataclasses.replace(p, message=named(p.message, file)) for p in report.problems]
+    return report
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,

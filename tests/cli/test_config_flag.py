@@ -42,3 +42,18 @@ def test_a_missing_config_file_names_the_path_and_how_it_is_resolved(project_dir
     assert f"error: {project_dir / 'nope.yaml'}: no such config file" in result.stderr
     hint = result.stderr.splitlines()[-1]
     assert hint.startswith("hint: -c FILE is read relative to the project folder") and "omit" not in hint
+
+
+def test_a_gate_problem_found_by_check_names_the_config_file(project_dir: Path) -> None:
+    from release.registry import Registry
+    from release.registry.store import connect, resolve_store
+
+    store = resolve_store(project_dir)
+    connect(store)
+    client = Registry(store).client
+    run = client.create_run(client.create_experiment("tiny")).info.run_id   # a run with nothing logged: problems
+    (project_dir / "staging.yaml").write_text("model: tiny\ngates:\n  eval: {}\n")
+    result = relctl(project_dir, "check", run, "-c", "staging.yaml")
+    assert result.exit_code == 2, result.output
+    assert "error: staging.yaml: gates.eval sets no thresholds" in result.stderr, result.stderr
+    assert "release.yaml:" not in result.stderr
