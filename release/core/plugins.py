@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 
+from release.core.errors import ConfigError
+
 
 class PluginBroken(Exception):
     """A plug-in whose import failed; `reason` is one line naming its entry point and its error."""
@@ -102,8 +104,6 @@ class PluginGroup:
         """The plug-in `name`; a broken one is an InputError (exit 2) naming `where` and its reason; None when no
         plug-in has that name."""
         if name in self.broken:
-            from release.core.errors import ConfigError  # noqa: PLC0415 - only on a broken plug-in
-
             raise ConfigError(f"{where}: {self.broken[name].reason}", hint=self.broken[name].hint)
         return self.loaded.get(name)
 
