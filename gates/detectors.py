@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
+
+from release.core.plugins import PluginGroup, load_group
 
 ENTRY_POINT_GROUP = "relctl.detectors"
 
@@ -162,6 +163,12 @@ class InjectionEchoDetector:
         return Finding(True, "ignored the injection")
 
 
+def detector_group() -> PluginGroup:
+    """The `relctl.detectors` plug-ins through the one plug-in loader (release/core/plugins.py): imported isolated,
+    each a class whose `name` is its entry-point name; a broken one is refused only where release.yaml uses it."""
+    return load_group(ENTRY_POINT_GROUP, "detector", id_attr="name")
+
+
 def available_detectors() -> dict[str, type[Detector]]:
-    """Every installed detector by entry-point name (built-ins included)."""
-    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Every installed detector that loads, by entry-point name (built-ins included)."""
+    return dict(detector_group().loaded)

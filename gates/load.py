@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gates.base import GateContext, GateResult, Problem, ThresholdCheck, missing_file
 from release.core.errors import InputError, ReleaseError
@@ -25,7 +25,7 @@ from release.core.faults import pause_point
 from release.core.server_settings import ServerSettings
 from release.serving.loadgen.bench import run_bench
 from release.serving.loadgen.client import ClientOptions
-from release.serving.loadgen.runner import Traffic
+from release.serving.loadgen.runner import MIN_STEP_REQUESTS, Traffic, planned_sweep_s, step_seconds
 from release.serving.loadgen.summary import SLOs
 from release.serving.process import ServerProcess
 
@@ -52,14 +52,33 @@ class LoadConfig(BaseModel):
     max_concurrency: int | None = Field(default=None, ge=1)
     timeout_s: float = Field(default=60.0, gt=0)
     sweep: bool = Field(default=False, description="find the highest SLO-meeting rate, starting at traffic.rate")
-    sweep_rates: list[float] | None = None
+    sweep_rates: list[Annotated[float, Field(gt=0)]] | None = Field(
+        default=None, description="with sweep: these rates (requests/s, each > 0) instead of the doubling search")
     step_duration_s: float = Field(default=5.0, gt=0)
+    max_duration_s: float = Field(
+        default=900.0, gt=0, description="with sweep: the cap on its total sending time; given sweep_rates must fit "
+        "it (checked by relctl check), a doubling search stops before a step that would end past it")
     repeat_best: bool = Field(default=False, description="with sweep: send the best step's plan once more; the "
                               "spread is the repeat noise an engines table needs to call a ranking or a tie")
     server: ServerSettings | None = Field(default=None, description="server settings; default: the package's own")
     cost: CostConfig = CostConfig()
     compare_production: bool = Field(
         default=True, description="also replay the same plan against production (reported and plotted, not judged)")
+
+    @model_validator(mode="after")
+    def _sweep_fits_its_cap(self) -> LoadConfig:
+        # Refused in relctl check, before any build: a step waits for at least 20 requests, so a low rate runs
+        # for hours whatever step_duration_s says.
+        if self.sweep and self.sweep_rates:
+            planned = planned_sweep_s(self.sweep_rates, self.step_duration_s)
+            if planned > self.max_duration_s:
+                slowest = min(self.sweep_rates)
+                raise ValueError(
+                    f"the sweep sends for {planned:.0f}s, over max_duration_s {self.max_duration_s:g}s (a step sends "
+                    f"at least {MIN_STEP_REQUESTS} requests: at rate {slowest:g} that alone is "
+                    f"{step_seconds(slowest, self.step_duration_s):.0f}s); raise the low sweep_rates or "
+                    "max_duration_s")
+        return self
 
 
 class LoadGate:
@@ -70,6 +89,15 @@ class LoadGate:
 
     def __init__(self, config: LoadConfig) -> None:
         self.config = config
+
+    def bounds(self) -> list[str]:
+        """What relctl check states about how long this gate may take."""
+        cfg = self.config
+        if not cfg.sweep:
+            return []
+        planned = (f"; its sweep_rates send for {planned_sweep_s(cfg.sweep_rates, cfg.step_duration_s):.0f}s"
+                   if cfg.sweep_rates else "")
+        return [f"gates.load: the sweep sends for at most {cfg.max_duration_s:g}s (gates.load.max_duration_s){planned}"]
 
     def preflight(self, config_dir: Path | None) -> list[Problem]:
         traffic = self.config.traffic
@@ -98,7 +126,8 @@ class LoadGate:
                 report = run_bench([s.url for s in servers.values()], cfg.traffic, cfg.slos, client, work,
                                    do_sweep=cfg.sweep, sweep_rates=cfg.sweep_rates,
                                    step_duration_s=cfg.step_duration_s, base_dir=context.config_dir,
-                                   labels=list(servers), repeat_best=cfg.repeat_best and cfg.sweep)
+                                   labels=list(servers), repeat_best=cfg.repeat_best and cfg.sweep,
+                                   max_duration_s=cfg.max_duration_s)
                 report["server"] = servers[candidate].info
                 if note:
                     report["production_note"] = note

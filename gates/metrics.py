@@ -20,11 +20,11 @@ import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import ClassVar, Protocol, TypeVar
 
 from gates.samples import SampleKind
 from release.core.errors import ConfigError
+from release.core.plugins import PluginGroup, load_group
 
 ENTRY_POINT_GROUP = "relctl.metrics"
 T = TypeVar("T")
@@ -136,19 +136,24 @@ def _require(values: tuple[T, ...] | None, metric: str) -> tuple[T, ...]:
     return values
 
 
+def _group() -> PluginGroup:
+    # The one plug-in loader (release/core/plugins.py): isolated import, `name` equal to the entry-point name.
+    return load_group(ENTRY_POINT_GROUP, "metric", id_attr="name")
+
+
 def available_metrics() -> dict[str, type[Metric]]:
-    """Every installed metric by name (built-ins included), from the `relctl.metrics` entry points."""
-    found: dict[str, type[Metric]] = {}
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found[ep.name] = ep.load()
-    return found
+    """Every installed metric that loads, by name (built-ins included), from the `relctl.metrics` entry points."""
+    return dict(_group().loaded)
 
 
 def resolve_metrics(names: Sequence[str], where: str = "gates.eval.metrics") -> list[Metric]:
-    """Instances of the named metrics, in order; an unknown name is a ConfigError with a hint."""
-    known = available_metrics()
+    """Instances of the named metrics, in order; an unknown name, or one whose plug-in does not load, is a
+    ConfigError with a hint."""
+    group = _group()
+    known: dict[str, type[Metric]] = dict(group.loaded)
     metrics: list[Metric] = []
     for name in names:
+        group.get(name, f"{where}: metric '{name}'")   # a broken plug-in: its reason, exit 2
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known metrics: {', '.join(sorted(known))}"

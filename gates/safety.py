@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gates.base import GateContext, GateResult, GateStatus, Problem, ThresholdCheck, missing_file
-from gates.detectors import Detector, SuiteCase, available_detectors
+from gates.detectors import Detector, SuiteCase, detector_group
 from gates.jsonl import read_jsonl
 from gates.packaged import complete, load_package_model
 from release.core.errors import ConfigError, InputError
@@ -119,9 +119,11 @@ class SafetyGate:
         )
 
     def _detectors(self) -> dict[str, Detector]:
-        installed = available_detectors()
+        group = detector_group()
+        installed: dict[str, type[Detector]] = dict(group.loaded)
         names = {name: name for name in installed} | dict(self.config.detectors)
         for check, impl in self.config.detectors.items():
+            group.get(impl, f"release.yaml: gates.safety.detectors.{check}")   # broken: its reason, exit 2
             if impl not in installed:
                 raise ConfigError(f"release.yaml: gates.safety.detectors.{check}: no detector named '{impl}'",
                                   hint=f"installed detectors: {', '.join(sorted(installed))}")

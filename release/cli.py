@@ -91,7 +91,8 @@ def cli(click_ctx: click.Context, project_dir: Path, show_traceback: bool, quiet
 @cli.command()
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+              help="release.yaml, relative to PROJECT_DIR unless absolute (default: PROJECT_DIR/release.yaml if "
+                   "present, else built-in defaults).")
 @click.option("--precision", help="Override convert.precision (one an installed backend builds: relctl backends).")
 @click.option("--model", "model_name", help="Override the registered model name.")
 @click.option("--dry-run", is_flag=True, help="Run every stage and gate; register nothing, move no alias.")
@@ -203,7 +204,8 @@ def trace(ctx: Ctx, spec: str | None, response_id: str | None, log_dir: Path | N
 @cli.command()
 @click.argument("run_id")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="release.yaml (default: PROJECT_DIR/release.yaml if present, else built-in defaults).")
+              help="release.yaml, relative to PROJECT_DIR unless absolute (default: PROJECT_DIR/release.yaml if "
+                   "present, else built-in defaults).")
 @click.option("--onto", metavar="MODEL@ALIAS|MODEL/VERSION",
               help="Check the run as `promote --onto` releases it: its LoRA adapter onto this serving base "
                    "(release.yaml: release: {mode: adapter, onto: ...}).")
@@ -224,7 +226,8 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, onto: str | None, mod
     report = api.check(run_id, ctx.project_dir, config_path, onto, model_name, loaded)
     data = {"run_id": run_id, "ok": not report.problems, "model": report.model, "found": report.found,
             "warnings": report.warnings,
-            "needs": report.needs, "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
+            "needs": report.needs, "bounds": report.bounds,
+            "problems": [{"error": p.message, "hint": p.hint} for p in report.problems]}
     if as_json:
         emit(data, True, lambda: None)
     for warning in report.warnings:
@@ -242,6 +245,8 @@ def check(ctx: Ctx, run_id: str, config_path: Path | None, onto: str | None, mod
             click.echo(f"the release needs about {size(n['memory_bytes'])} of memory (set by {n['memory_set_by']}) "
                        f"and {size(n['disk_bytes'])} of disk ({n['precision']} of a {size(n['checkpoint_bytes'])} "
                        f"checkpoint, candidate {size(n['candidate_bytes'])})")
+        for line in report.bounds:
+            click.echo(line)
 
 
 @cli.command()
@@ -351,10 +356,17 @@ def verify(ctx: Ctx, spec: str, as_json: bool) -> None:
 
     data = api.verify(spec, ctx.project_dir)
     what = f"{data['model']} v{data['version']}" if "model" in data else data["package"]
+    if data["signature"] != "verified":
+        # Fail closed on every path: with no trusted key in effect (signing: off, or none configured) the files
+        # may match their manifest, but nothing vouches that the manifest is the released one.
+        raise InputError(f"{what}: files match the manifest, but no signature was verified ({data['signature']}: "
+                         + ("release.yaml says `signing: off`" if data["signature"] == "unsigned"
+                            else "this project trusts no release key") + ")",
+                         hint="turn signing on (drop `signing: off`, run `relctl keygen`, then `relctl sign MODEL` for "
+                              "the versions released unsigned) to verify signatures")
     approval = data.get("approval")
     approved = f"; {approval['text']}" if approval else ""
-    signed = (f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})" if data["signature"] == "verified"
-              else "unsigned: signing is off in release.yaml (files checked against the manifest only)")
+    signed = f"signed by {data['signed_by']} ({str(data['fingerprint'])[:16]})"
     base = data.get("adapter_of")
     bound = (f"; an adapter bound by its signed package to {base['model']} v{base['version']} (base "
              f"{base['sha256']})" if base else "")
@@ -411,7 +423,7 @@ def gc(ctx: Ctx, confirmed: bool, include_unfinished: bool, as_json: bool) -> No
     plan = workdirs.plan_gc(work_root, uri, workdirs.finished_runs(registry), work_root)
     rows: list[dict[str, Any]] = []
     for folder in plan:
-        wanted = not folder.in_flight and (folder.finished or include_unfinished)
+        wanted = folder.removable(include_unfinished)
         removed = confirmed and wanted and workdirs.collect(folder, uri, work_root, include_unfinished)
         rows.append({"run": folder.run_id, "bytes": folder.bytes, "finished": folder.finished,
                      "in_flight": folder.in_flight, "would_remove": wanted, "removed": removed})
@@ -420,7 +432,10 @@ def gc(ctx: Ctx, confirmed: bool, include_unfinished: bool, as_json: bool) -> No
         from release.core.units import size
 
         for row, folder in zip(rows, plan, strict=True):
-            verb = "removed" if row["removed"] else ("would remove" if row["would_remove"] else "keeps")
+            if confirmed:   # what happened, not what was planned: a folder rmtree could not delete is "kept"
+                verb = "removed" if row["removed"] else "kept"
+            else:
+                verb = "would remove" if row["would_remove"] else "keeps"
             click.echo(f"{verb:<12} {size(folder.bytes):>10}  {folder.run_id}  ({folder.action})")
         total = sum(r["bytes"] for r in rows if r["removed"] or (r["would_remove"] and not confirmed))
         click.echo(f"{'freed' if confirmed else 'would free'} {size(total)}"

@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from release.core.errors import ConfigError, InputError
+from release.core.errors import ConfigError, InputError, InputProblems
 from release.core.jsonfile import load_yaml
 from release.core.model_name import bad_model_name
 from release.core.server_settings import ServerSettings
@@ -108,11 +110,15 @@ def _known_or_auto(value: str) -> str:
     by the backend's target_problem with the rest of the contract), or `auto`: the cheapest variant that passes
     (release/pipeline/precision_search.py)."""
     from release.backends import installed_precisions  # noqa: PLC0415 - entry points, only when validated
-    from release.backends.variants import AUTO_PRECISION, base_precision  # noqa: PLC0415
+    from release.backends.variants import AUTO_PRECISION, parse_variant  # noqa: PLC0415
 
     if value == AUTO_PRECISION:
         return value
-    _one_of("precision", base_precision(value), [*installed_precisions(), AUTO_PRECISION])
+    try:   # the grammar first: "int4+" or "int4+int8=" is the user's to fix (exit 2), named with its key
+        variant = parse_variant(value)
+    except InputError as exc:
+        raise ValueError(f"{exc.message} ({exc.hint})") from exc
+    _one_of("precision", variant.precision, [*installed_precisions(), AUTO_PRECISION])
     return value
 
 
@@ -226,6 +232,7 @@ class ReleaseConfig(Strict):
                                                 "adapter's own model, default BASE-EXPERIMENT)")
     release: ModeConfig = ModeConfig()
     source: SourceConfig = SourceConfig()
+    _file: str = PrivateAttr(default=CONFIG_FILE)   # the file errors name: release.yaml, or the -c file's name
     merge: MergeConfig = MergeConfig()
     convert: ConvertConfig = ConvertConfig()
     validation: ValidationConfig = ValidationConfig()
@@ -292,15 +299,28 @@ class ReleaseConfig(Strict):
         return given or mine
 
 
+def config_path(project_dir: Path, given: Path | None) -> Path | None:
+    """The release.yaml a project command reads: `-c FILE` resolved against the project folder (as the default
+    PROJECT_DIR/release.yaml is, so `--project-dir` means the same for both; an absolute FILE as it is), else
+    PROJECT_DIR/release.yaml when it exists, else None (built-in defaults)."""
+    if given is None:
+        default = project_dir / CONFIG_FILE
+        return default if default.is_file() else None
+    return given if given.is_absolute() else project_dir / given
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> ReleaseConfig:
-    """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`."""
+    """Parse release.yaml at `path` (None: defaults only), then apply dotted-key `overrides`. Every error names
+    the file by its own name (a `-c staging.yaml` is not called release.yaml)."""
     data: dict[str, Any] = {}
     label = path.name if path else CONFIG_FILE
     if path is not None:
         if not path.is_file():
-            raise ConfigError(f"{path}: no such config file", hint="pass --config PATH or omit it for defaults")
+            raise ConfigError(f"{path}: no such config file",
+                              hint="-c FILE is read relative to the project folder (--project-dir) unless absolute; "
+                                   "without -c, PROJECT_DIR/release.yaml is read when it exists")
         try:   # one loader: UTF-8, bounded size and depth, a key given twice refused (not last-one-wins)
-            loaded = load_yaml(path, hint="fix release.yaml (see templates/release.yaml)", label=label) or {}
+            loaded = load_yaml(path, hint=f"fix {label} (see templates/release.yaml)", label=label) or {}
         except InputError as exc:
             raise ConfigError(exc.message, hint=exc.hint) from exc
         if not isinstance(loaded, dict):
@@ -312,6 +332,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
         config = ReleaseConfig.model_validate(data)
     except ValidationError as exc:
         raise _config_error(label, exc) from exc
+    config._file = label
     for backend_id, settings in config.convert.engines().items():
         # Each backend applies its own block now, before anything slow (e.g. an engine's python, handed to
         # the engine processes relctl starts).
@@ -319,6 +340,31 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> R
 
         get_backend(backend_id).configure(settings, path.parent if path else Path.cwd(), label)
     return config
+
+
+def config_label(config: ReleaseConfig) -> str:
+    """The name of the file `config` was read from (release.yaml for the defaults): what its errors name."""
+    return config._file
+
+
+def named(message: str, file: str) -> str:
+    """`message` naming `file` where it names release.yaml at its start (a gate's or the contract's problem
+    about a -c file says which file)."""
+    prefix = f"{CONFIG_FILE}:"
+    return f"{file}:{message[len(prefix):]}" if file != CONFIG_FILE and message.startswith(prefix) else message
+
+
+@contextmanager
+def errors_name(file: str) -> Iterator[None]:
+    """InputErrors raised inside name `file` instead of release.yaml (see `named`)."""
+    try:
+        yield
+    except InputError as exc:
+        exc.message = named(exc.message, file)
+        exc.args = (exc.message,)
+        if isinstance(exc, InputProblems):
+            exc.problems = [(named(m, file), h) for m, h in exc.problems]
+        raise
 
 
 def gate_settings(path: Path, gate_id: str) -> dict[str, Any]:

@@ -24,14 +24,14 @@ def promote_onto(run_id: str, onto: str, project_dir: Path, config_path: Path | 
     adapter release cannot carry out: release/adapters/policy.py), the signing key, the base by content
     digest."""
     from release.adapters.release import release_adapter  # noqa: PLC0415 - the pipeline: not for a bad --onto
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415
+    from release.config import config_path as resolve_config  # noqa: PLC0415
+    from release.config import load_config  # noqa: PLC0415
     from release.pipeline.runner import work_dir_for  # noqa: PLC0415
     from release.registry.client import open_registry  # noqa: PLC0415
     from release.signing.keys import release_key, trusted_keys  # noqa: PLC0415
 
     parse_target(onto)
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
+    config_path = resolve_config(project_dir, config_path)
     cfg = load_config(config_path, overrides)
     refused = unsupported(cfg)  # a gate, approval or comparison release.yaml asks for is never skipped
     if refused:

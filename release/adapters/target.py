@@ -19,10 +19,9 @@ def adapter_onto(onto: str | None, project_dir: Path, config_path: Path | None) 
     """The base `relctl promote` releases an adapter onto: `--onto`, else release.yaml's `release.onto` when
     its `release.mode` is adapter; None for a merged release. Bad input is exit 2 before any registry call:
     a malformed target, mode adapter without onto, --onto disagreeing with release.yaml."""
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - pydantic: not at import time
+    from release.config import config_path as resolve_config  # noqa: PLC0415 - pydantic: not at import time
+    from release.config import load_config  # noqa: PLC0415 - as above
 
     if onto is not None:
         parse_target(onto)
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
-    return load_config(config_path).adapter_onto(onto)
+    return load_config(resolve_config(project_dir, config_path)).adapter_onto(onto)

@@ -11,14 +11,14 @@ alone, so an unsupported family is refused in seconds, naming what each installe
 from __future__ import annotations
 
 import functools
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
 from release.backends.base import Backend, Support, architecture, precision_choices
-from release.core.errors import ConfigError, InputError
+from release.core.errors import InputError
 from release.core.package import MANIFEST, PackageManifest, read_manifest
-from release.core.plugins import PluginBroken, load_entry_point
+from release.core.plugins import PluginBroken, group_entry_points, load_plugin
 
 ENTRY_POINT_GROUP = "relctl.backends"
 AUTO = "auto"
@@ -35,12 +35,10 @@ def _discovered() -> tuple[dict[str, Backend], dict[str, str]]:
     serving an onnxruntime-genai package must not depend on a third-party engine package importing."""
     found: dict[str, Backend] = {}
     broken: dict[str, str] = {}
-    for name, ep in _entry_points().items():
+    for name, ep in group_entry_points(ENTRY_POINT_GROUP).items():
         try:
             found[name] = _load(ep)
-        except ConfigError as exc:
-            broken[name] = exc.message
-        except PluginBroken as exc:   # raised, exited or printed at import: isolated, reported with its entry point
+        except PluginBroken as exc:   # raised, exited or printed at import, or not a Backend of its own id
             broken[name] = exc.reason
         except Exception as exc:  # its constructor failed: the plug-in's bug, not relctl's
             broken[name] = f"backend plug-in '{ep.value}' failed to load: {type(exc).__name__}: {exc}"
@@ -58,19 +56,10 @@ def broken_backends() -> dict[str, str]:
     return _discovered()[1]
 
 
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def _load(ep: EntryPoint) -> Backend:
-    cls = load_entry_point(ep, "backend")
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise ConfigError(f"backend plug-in '{ep.value}' is not a release.backends.base.Backend subclass",
-                          hint="register a Backend subclass under relctl.backends")
-    if getattr(cls, "id", None) != ep.name:
-        # The id is what manifests record and release.yaml names: a mismatch would make both lie.
-        raise ConfigError(f"backend plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its "
-                          f"entry-point name '{ep.name}'", hint="register the backend under its own id")
+    # The one plug-in loader (release/core/plugins.py): isolated import, a Backend subclass whose id is the name
+    # manifests record and release.yaml gives.
+    cls: type[Backend] = load_plugin(ep, "backend", base=Backend)
     return cls()
 
 

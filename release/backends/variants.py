@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from release.core.errors import InputError
+
 AUTO_PRECISION = "auto"
 
 
@@ -35,15 +37,22 @@ class Variant:
 
 
 def parse_variant(text: str) -> Variant:
-    """`int4+algo=rtn` -> Variant("int4", (("algo", "rtn"),)); ValueError naming a malformed option."""
+    """`int4+algo=rtn` -> Variant("int4", (("algo", "rtn"),)); InputError (exit 2) naming a malformed part:
+    a precision is user input (release.yaml, --precision), so its grammar is never a relctl bug."""
     precision, *parts = text.split("+")
+    if not precision:
+        raise InputError(f"precision '{text}': nothing before the first '+'", hint=_GRAMMAR)
     options: list[tuple[str, str]] = []
     for part in parts:
         key, sep, value = part.partition("=")
         if not sep or not key or not value:
-            raise ValueError(f"precision variant '{text}': option '{part}' is not key=value")
+            raise InputError(f"precision '{text}': option '{part}' is not key=value", hint=_GRAMMAR)
         options.append((key, value))
     return Variant(precision, tuple(options))
+
+
+_GRAMMAR = ("write PRECISION or PRECISION+KEY=VALUE[+KEY=VALUE...], e.g. int4 or int4+algo=k_quant "
+            "(docs/precision-auto.md)")
 
 
 def base_precision(text: str) -> str:

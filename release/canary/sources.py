@@ -126,10 +126,28 @@ class PrometheusSource:
         except (httpx.HTTPError, ValueError) as exc:
             raise InputError(f"prometheus {self.url}: {exc.__class__.__name__}",
                              hint="check the Prometheus URL and that it is up") from exc
+        if not isinstance(body, dict):
+            raise InputError(f"prometheus {self.url}{path}: answered {type(body).__name__}, not Prometheus' JSON",
+                             hint="check the Prometheus URL (its API root, not a proxy's page)")
         if body.get("status") != "success":
             raise InputError(f"prometheus: {body.get('errorType', 'error')}: {body.get('error', resp.text[:200])}",
                              hint="check the PromQL queries in the canary's Prometheus source")
-        return list(body["data"]["result"])
+        data = body.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        # Every series a dict whose `value` / `values` are [time, number] pairs, or the answer is refused whole:
+        # a malformed answer is named here (exit 2), never a crash of the arithmetic after.
+        if not isinstance(result, list) or not all(_series_ok(series) for series in result):
+            raise InputError(f"prometheus {self.url}{path}: data.result is not a list of series with [time, value] "
+                             "pairs", hint="check the Prometheus URL and the PromQL queries of the canary's source")
+        return result
+
+
+def _series_ok(series: Any) -> bool:
+    """A Prometheus series as the API gives it: an instant `value` [t, v] or a range of `values`."""
+    if not isinstance(series, dict):
+        return False
+    pairs = [series["value"]] if "value" in series else series.get("values", [])
+    return isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 for p in pairs)
 
 
 def _finite(value: Any) -> bool:

@@ -50,21 +50,24 @@ def promote(
     With `summary_path`, a markdown summary is appended there whatever the outcome (CI job summaries).
     `loaded`: release.yaml and the gates as the CLI already checked them (release/commands/preflight.py).
     """
-    from release.core.progress import Progress  # noqa: PLC0415 - not for the read commands
+    from release.config import config_label, errors_name  # noqa: PLC0415 - not for the reads
+    from release.core.progress import Progress  # noqa: PLC0415 - as above
     from release.pipeline.contract import require_contract  # noqa: PLC0415 - as above
 
     pre = loaded or preflight(project_dir, config_path, overrides)
     progress = progress or Progress(quiet=True)
-    store = resolve_store(project_dir)
-    connect(store)
-    # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
-    # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
-    contract = require_contract(Registry(store), run_id, pre.cfg, pre.gates, pre.config_dir or project_dir,
-                                progress.note)
-    from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
+    with errors_name(config_label(pre.cfg)):   # a problem about a -c file names it, not release.yaml
+        store = resolve_store(project_dir)
+        connect(store)
+        # The run contract first, as `relctl check` runs it: a refused run never pays for importing the pipeline
+        # (stages, signing, canary: ~0.3 s; benchmarks/cli_latency.py).
+        contract = require_contract(Registry(store), run_id, pre.cfg, pre.gates, pre.config_dir or project_dir,
+                                    progress.note)
+        from release.pipeline.promote import Promotion  # noqa: PLC0415 - the whole pipeline: only for a run that passed
 
-    promotion = Promotion(pre.cfg, store, project_dir, pre.config_path, progress, keep_going)
-    return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract, gates=pre.gates)
+        promotion = Promotion(pre.cfg, store, project_dir, pre.config_path, progress, keep_going)
+        return promotion.run(run_id, dry_run=dry_run, summary_path=summary_path, contract=contract,
+                             gates=pre.gates)
 
 
 def check(run_id: str, project_dir: Path, config_path: Path | None = None, onto: str | None = None,
@@ -73,14 +76,19 @@ def check(run_id: str, project_dir: Path, config_path: Path | None = None, onto:
     `onto` (promote --onto's base) or release.mode adapter, the adapter release's pre-flight, `model` naming
     the registered model as promote's --model does (with --onto: the adapter's)."""
     from release.adapters.api import adapter_overrides  # noqa: PLC0415 - adapters: not for the other reads
-    from release.pipeline.contract import check_run  # noqa: PLC0415 - not for the other reads
+    from release.config import config_label, errors_name, named  # noqa: PLC0415 - as above
+    from release.pipeline.contract import check_run  # noqa: PLC0415 - as above
 
     pre = loaded or preflight(project_dir, config_path)
     overrides = adapter_overrides(pre.cfg, onto, model)  # promote --onto's release, as release.yaml would say it
     if overrides:
         pre = preflight(project_dir, pre.config_path, overrides)
-    registry = open_registry(project_dir, read_only=True)
-    return check_run(registry, run_id, pre.cfg, pre.gates, pre.config_dir or project_dir)
+    file = config_label(pre.cfg)
+    with errors_name(file):   # a problem about a -c file names it, not release.yaml
+        registry = open_registry(project_dir, read_only=True)
+        report = check_run(registry, run_id, pre.cfg, pre.gates, pre.config_dir or project_dir)
+    report.problems = [dataclasses.replace(p, message=named(p.message, file)) for p in report.problems]
+    return report
 
 
 def rollback(model: str, project_dir: Path, reason: str, to_version: str | None = None,

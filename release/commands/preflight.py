@@ -30,12 +30,14 @@ class Preflight:
 
 
 def preflight(project_dir: Path, config_path: Path | None, overrides: dict[str, Any] | None = None) -> Preflight:
-    """release.yaml (PROJECT_DIR/release.yaml when `config_path` is None and one is there) and the gates'
-    blocks: ConfigError (exit 2) on the first thing wrong, nothing read from a registry or a model."""
-    from release.config import CONFIG_FILE, load_config  # noqa: PLC0415 - pydantic: not at import time
+    """release.yaml (`-c FILE` resolved against the project folder, else PROJECT_DIR/release.yaml when one is
+    there: release.config.config_path) and the gates' blocks: ConfigError (exit 2) on the first thing wrong,
+    naming the file read (a -c file by its own name), nothing read from a registry or a model."""
+    from release.config import config_label, errors_name, load_config  # noqa: PLC0415 - pydantic: not at import
+    from release.config import config_path as resolve_config  # noqa: PLC0415 - as above
     from release.gating.plugins import load_gates  # noqa: PLC0415 - as above
 
-    if config_path is None and (project_dir / CONFIG_FILE).is_file():
-        config_path = project_dir / CONFIG_FILE
-    cfg = load_config(config_path, overrides)
-    return Preflight(cfg, config_path, load_gates(cfg.gates))  # every gate validates its block now
+    path = resolve_config(project_dir, config_path)
+    cfg = load_config(path, overrides)
+    with errors_name(config_label(cfg)):
+        return Preflight(cfg, path, load_gates(cfg.gates, config_label(cfg)))  # every gate validates its block

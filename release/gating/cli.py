@@ -16,7 +16,8 @@ from release.gating.contract import blocks
 @click.argument("gate_id")
 @click.argument("package_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="release.yaml whose gates.<id> block configures the gate (default: PROJECT_DIR/release.yaml).")
+              help="release.yaml whose gates.<id> block configures the gate, relative to PROJECT_DIR unless absolute "
+                   "(default: PROJECT_DIR/release.yaml).")
 @click.option("--eval-dataset", type=click.Path(dir_okay=False, path_type=Path),
               help="Eval set JSONL for gates that need one (overridden by gates.eval.dataset).")
 @click.option("--baseline", "baseline_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -29,15 +30,16 @@ from release.gating.contract import blocks
 def gate(ctx: Ctx, gate_id: str, package_dir: Path, config_path: Path | None, eval_dataset: Path | None,
          baseline_dir: Path | None, out_dir: Path | None, as_json: bool) -> None:
     """Run gate GATE_ID on PACKAGE_DIR; exit 0 on pass or skipped, 1 on fail or underpowered, 2 on bad input."""
+    from release.config import config_path as resolve_config
     from release.core.outputs import check_new_folder
     from release.gating.report import render_html, render_markdown, result_to_dict
-    from release.gating.standalone import default_config, run_standalone
+    from release.gating.standalone import run_standalone
 
     ctx.as_json = as_json
     work = out_dir or ctx.project_dir / ".relctl" / "gate-runs" / gate_id
     if out_dir is not None:   # evidence is rewritten in place: a new folder, or one an earlier `relctl gate` wrote
         check_new_folder(out_dir, "--out", reusable=lambda folder: (folder / "report.html").is_file())
-    result = run_standalone(gate_id, package_dir, work, config_path or default_config(ctx.project_dir),
+    result = run_standalone(gate_id, package_dir, work, resolve_config(ctx.project_dir, config_path),
                             eval_dataset, baseline_dir)
     baseline = f"baseline:{baseline_dir.name}" if baseline_dir else None
     html = work / "report.html"

@@ -12,13 +12,13 @@ from __future__ import annotations
 import difflib
 import traceback
 from collections.abc import Callable, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
 from pydantic import ValidationError
 
 from release.core.errors import ConfigError, InputError
-from release.core.plugins import PluginBroken, load_entry_point
+from release.core.plugins import PluginBroken, group_entry_points, load_plugin
 from release.gating.contract import Gate, GateContext, GateResult
 
 ENTRY_POINT_GROUP = "relctl.gates"
@@ -30,69 +30,63 @@ def available_gates() -> dict[str, type[Gate]]:
 
 
 def _gate_entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return group_entry_points(ENTRY_POINT_GROUP)
 
 
 def _load(ep: EntryPoint) -> type[Gate]:
-    try:   # nothing the plug-in does at import (raise, sys.exit, print) ends or changes the command
-        cls: type[Gate] = load_entry_point(ep, "gate")  # type: ignore[assignment]
+    try:   # the one plug-in loader: nothing it does at import ends or changes the command; its id is its name
+        cls: type[Gate] = load_plugin(ep, "gate")
     except PluginBroken as exc:
-        raise ConfigError(exc.reason, hint=f"fix or reinstall the package that provides gate '{ep.name}'") from exc
-    if getattr(cls, "id", None) != ep.name:
-        # The id is the config key and the report label; a mismatch would make both lie.
-        raise ConfigError(
-            f"gate plug-in '{ep.value}': id {getattr(cls, 'id', None)!r} differs from its entry-point name '{ep.name}'",
-            hint="register the gate under its own id",
-        )
+        raise ConfigError(exc.reason, hint=exc.hint) from exc
     return cls
 
 
-def load_gates(block: Mapping[str, Mapping[str, Any] | None]) -> list[Gate]:
+def load_gates(block: Mapping[str, Mapping[str, Any] | None], file: str = "release.yaml") -> list[Gate]:
     """One configured gate per `gates.<id>` entry, in release.yaml order.
 
-    Unknown ids and invalid keys are ConfigErrors naming `gates.<id>.<key>`; an empty block
-    (`eval:` with nothing under it) means the gate's defaults.
+    Unknown ids and invalid keys are ConfigErrors naming `<file>: gates.<id>.<key>` (`file`: the config file's
+    name, a -c file's own); an empty block (`eval:` with nothing under it) means the gate's defaults.
     """
     gates: list[Gate] = []
     for gate_id, settings in block.items():
-        cls = find_gate(gate_id)
-        gates.append(cls(validate_block(cls, settings or {})))  # type: ignore[call-arg]
+        cls = find_gate(gate_id, file)
+        gates.append(cls(validate_block(cls, settings or {}, file)))  # type: ignore[call-arg]
     return gates
 
 
-def validate_block(cls: type[Gate], settings: Mapping[str, Any]) -> Any:
+def validate_block(cls: type[Gate], settings: Mapping[str, Any], file: str = "release.yaml") -> Any:
     """The gate's Config for `settings`, or a ConfigError naming the first bad key."""
     try:
         return cls.Config.model_validate(dict(settings))
     except ValidationError as exc:
-        raise _block_error(cls, exc) from exc
+        raise _block_error(cls, exc, file) from exc
 
 
-def _block_error(cls: type[Gate], exc: ValidationError) -> ConfigError:
+def _block_error(cls: type[Gate], exc: ValidationError, file: str) -> ConfigError:
     err = exc.errors()[0]
     where = ".".join(["gates", cls.id, *(str(p) for p in err["loc"])])
     if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
         close = difflib.get_close_matches(str(err["loc"][-1]), list(cls.Config.model_fields), n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(cls.Config.model_fields)}"
-        return ConfigError(f"release.yaml: unknown key '{where}'", hint=hint)
+        return ConfigError(f"{file}: unknown key '{where}'", hint=hint)
     if err["type"] == "extra_forbidden":
-        return ConfigError(f"release.yaml: unknown key '{where}'",
+        return ConfigError(f"{file}: unknown key '{where}'",
                            hint=f"see the gates.{cls.id} section of templates/release.yaml")
-    return ConfigError(f"release.yaml: {where}: {err['msg']}",
+    return ConfigError(f"{file}: {where}: {err['msg']}",
                        hint=f"see the gates.{cls.id} section of templates/release.yaml")
 
 
-def _unknown_gate(gate_id: str, known: list[str]) -> ConfigError:
+def _unknown_gate(gate_id: str, known: list[str], file: str) -> ConfigError:
     close = difflib.get_close_matches(gate_id, known, n=1)
     hint = f"did you mean '{close[0]}'?" if close else f"installed gates: {', '.join(sorted(known)) or 'none'}"
-    return ConfigError(f"release.yaml: unknown gate 'gates.{gate_id}'", hint=hint)
+    return ConfigError(f"{file}: unknown gate 'gates.{gate_id}'", hint=hint)
 
 
-def find_gate(gate_id: str) -> type[Gate]:
+def find_gate(gate_id: str, file: str = "release.yaml") -> type[Gate]:
     """The installed gate class for `gate_id` (only that plug-in is imported); ConfigError when unknown."""
     known = _gate_entry_points()
     if gate_id not in known:
-        raise _unknown_gate(gate_id, list(known))
+        raise _unknown_gate(gate_id, list(known), file)
     return _load(known[gate_id])
 
 

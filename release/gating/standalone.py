@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from release.config import CONFIG_FILE, load_config
+from release.config import config_label, load_config
 from release.core.package import verify_package
 from release.gating.contract import GateContext, GateResult, ProductionRef
 from release.gating.plugins import find_gate, run_gate, validate_block
@@ -31,9 +31,9 @@ def run_standalone(
     `baseline_dir` is a package that plays the production version (no-regression checks compare
     with it); `work_dir` is emptied and receives the evidence files.
     """
-    cls = find_gate(gate_id)
     config = load_config(config_path)
-    gate = cls(validate_block(cls, config.gates.get(gate_id) or {}))  # type: ignore[call-arg]
+    cls = find_gate(gate_id, config_label(config))
+    gate = cls(validate_block(cls, config.gates.get(gate_id) or {}, config_label(config)))  # type: ignore[call-arg]
     # Each package folder against its manifest, then its signature by a trusted key when it is signed (an
     # unsigned folder runs with a warning, as `relctl serve` of a folder does): a package rewritten with
     # its manifest to match is refused naming the file, before the gate loads it.
@@ -51,8 +51,3 @@ def run_standalone(
                           config_dir=config_path.parent if config_path else None)
     return run_gate(gate, context)
 
-
-def default_config(project_dir: Path) -> Path | None:
-    """PROJECT_DIR/release.yaml when it exists (then its gates blocks apply), else None for defaults."""
-    path = project_dir / CONFIG_FILE
-    return path if path.is_file() else None

@@ -52,6 +52,7 @@ class ContractReport:
     engine_why: str | None = None     # why that backend: release.yaml named it, or what auto passed over
     model: str | None = None          # the registered model name the release would use, once it is valid
     needs: dict[str, Any] | None = None  # the memory and disk the release will need (release/pipeline/resources.py)
+    bounds: list[str] = field(default_factory=list)  # how long a gate may take, stated (a load sweep's cap)
 
 
 # MLflow's "Default" experiment always has id "0" (any store, SQL or file).
@@ -189,6 +190,7 @@ def check_run(registry: Registry, run_id: str, cfg: ReleaseConfig, gates: list[G
         need(EVAL_ARTIFACT in listed, f"the eval gate needs an eval set: run '{run_id}' has no {EVAL_ARTIFACT}",
              "log data/eval.jsonl with the run or set gates.eval.dataset in release.yaml")
     report.problems += [p for gate in gates for p in preflight(gate, config_dir)]
+    report.bounds += [line for gate in gates for line in getattr(gate, "bounds", list)()]
     report.warnings += gate_data_warnings(registry, run_id, gates, config_dir, report.found["eval_data"])
     key_problem = signing_problem(cfg.signing, config_dir or Path.cwd())  # a bad key fails here, not at register
     if key_problem is not None:

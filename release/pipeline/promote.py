@@ -24,7 +24,7 @@ from typing import Any
 
 from release.backends import AUTO, Backend
 from release.backends.base import LoadedModel
-from release.config import ReleaseConfig
+from release.config import ReleaseConfig, config_label
 from release.core.errors import Blocked, InputError, ReleaseError
 from release.core.faults import pause_point
 from release.core.package import PackageManifest
@@ -119,7 +119,8 @@ class Promotion:
             contract: ContractReport | None = None, gates: list[Gate] | None = None) -> ReleaseReport:
         """`contract` and `gates`: the run contract as the caller already checked it (api.promote checks it
         before importing this module); else checked here."""
-        gates = gates if gates is not None else load_gates(self.cfg.gates)  # every gate validates its block first
+        # every gate validates its block first
+        gates = gates if gates is not None else load_gates(self.cfg.gates, config_label(self.cfg))
         if contract is None:
             # The same checks as `relctl check`, so check never passes what promote refuses; all at once, in
             # seconds, before any slow stage.

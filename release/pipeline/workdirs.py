@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from release.pipeline.runner import _promote_lock_path
+from release.registry import filters
 from release.registry import tags as T
 from release.registry.states import APPROVED, AWAITING_APPROVAL, REGISTERED, REJECTED, RELEASED
 
@@ -69,9 +70,16 @@ class WorkFolder:
     bytes: int
     finished: bool       # a version of this run is in the registry
     in_flight: bool      # a promote of this run holds its lock now
+    linked: bool = False  # a symlink: what it points at is not relctl's to delete (rmtree refuses it too)
+
+    def removable(self, include_unfinished: bool) -> bool:
+        """Whether gc deletes this folder: never in flight, never a symlink, unfinished only with --all."""
+        return not self.in_flight and not self.linked and (self.finished or include_unfinished)
 
     @property
     def action(self) -> str:
+        if self.linked:
+            return "kept: a symlink (gc deletes only folders relctl made; remove the link yourself)"
         if self.in_flight:
             return "kept: a promote of this run is in flight"
         if self.finished:
@@ -99,7 +107,7 @@ def finished_runs(registry: Registry) -> set[str]:
     """Training runs with a registered version (any model) in a state past registering."""
     runs: set[str] = set()
     for name in registry.list_models():
-        for mv in registry.client.search_model_versions(f"name = '{name}'"):
+        for mv in registry.client.search_model_versions(f"name = {filters.literal(name)}"):
             tags = dict(mv.tags or {})
             run = tags.get(T.TRAINING_RUN)
             if run and tags.get(T.RELEASE_STATE) in FINISHED_STATES:
@@ -111,16 +119,19 @@ def plan_gc(work_root: Path, tracking_uri: str, finished: set[str], fallback: Pa
     folders = []
     for path in sorted(p for p in work_root.iterdir() if p.is_dir()) if work_root.is_dir() else []:
         with run_lock(tracking_uri, path.name, fallback) as free:
-            folders.append(WorkFolder(path.name, path, folder_bytes(path), path.name in finished, not free))
+            linked = path.is_symlink()
+            folders.append(WorkFolder(path.name, path, 0 if linked else folder_bytes(path), path.name in finished,
+                                      not free, linked))
     return folders
 
 
 def collect(folder: WorkFolder, tracking_uri: str, fallback: Path, include_unfinished: bool) -> bool:
-    """Remove `folder` when its plan says so; re-checks the lock and holds it while deleting."""
-    if not (folder.finished or include_unfinished):
+    """Remove `folder` when its plan says so; re-checks the lock and holds it while deleting. True only when
+    the folder is gone: rmtree's ignored errors (a symlink, a read-only file) must not read as "removed"."""
+    if not folder.removable(include_unfinished) or folder.path.is_symlink():
         return False
     with run_lock(tracking_uri, folder.run_id, fallback) as free:
         if not free:
             return False
         shutil.rmtree(folder.path, ignore_errors=True)
-    return True
+    return not folder.path.exists()

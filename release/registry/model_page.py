@@ -6,6 +6,7 @@ this page is rewritten from them after every move, so it is a view and never the
 
 from __future__ import annotations
 
+from release.core.escape import markdown
 from release.registry import links
 from release.registry.aliases import AliasMove
 
@@ -35,5 +36,6 @@ def model_page(name: str, aliases: dict[str, str], history: list[AliasMove], tra
 
 
 def _cell(text: str) -> str:
-    # A reason is free text from a user or a gate: keep the table a table.
-    return text.replace("|", "\\|").replace("\n", " ")[:300]
+    # A reason is free text from a user or a gate: one escaped line (release/core/escape.py), so it keeps the
+    # table a table and adds no row, link, image or HTML to the registry page.
+    return markdown(text[:300])

@@ -55,8 +55,24 @@ class AdminClient:
         return cls(url.rstrip("/").removesuffix("/v1"), admin_key(key, what), timeout_s)
 
     def listing(self) -> dict[str, Any]:
-        """GET /admin/adapters: {"base": ..., "adapters": [...], "draining": {...}}."""
-        return self._call("GET", "/admin/adapters", None)
+        """GET /admin/adapters: {"base": ..., "adapters": [...], "draining": {...}}. An answer of another shape
+        (`{"adapters": 5}`: a proxy, another server) is an AdminError naming the field, never a crash of a
+        caller iterating it."""
+        answer = self._call("GET", "/admin/adapters", None)
+        adapters = answer.get("adapters")
+        problem = None
+        if not isinstance(adapters, list):
+            problem = f"'adapters' is {type(adapters).__name__ if 'adapters' in answer else 'missing'}, not a list"
+        elif not all(isinstance(e, dict) for e in adapters):
+            problem = "an entry of 'adapters' is not an object"
+        elif not isinstance(answer.get("base"), dict | None):
+            problem = f"'base' is {type(answer.get('base')).__name__}, not an object"
+        if problem:
+            reason = f"not relctl serve's adapter listing: {problem}"
+            raise AdminError(f"--server {self.url}/admin/adapters: {reason}",
+                             hint="point --server at relctl serve BASE@production --adapters", status=200,
+                             reason=reason)
+        return answer
 
     def switch(self, model: str, version: str | None = None) -> dict[str, Any]:
         """Serve `model` at `version` (None: its production); the answer plus `round_trip_s`."""

@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from release.config import config_path as project_config_path
 from release.config import load_config
 from release.core.errors import InputError
 from release.core.server_settings import ServerSettings
 from release.serving.follow import DEFAULT_INTERVAL_S, Follower, Table
-from release.serving.server import load_state, package_settings, run_server
+from release.serving.server import bind_listener, load_state, package_settings, run_server
 from release.serving.source import UNREGISTERED, ServedPackage, resolve_package
 
 if TYPE_CHECKING:
@@ -49,9 +50,22 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
     if admin_key is not None and api_key is not None and hmac.compare_digest(admin_key, api_key):
         raise InputError("--admin-key equals --api-key: every completion client could switch adapters",
                          hint="give the admin its own key (RELCTL_ADMIN_KEY), held by whoever releases adapters")
+    listener = bind_listener(host, port)   # the port first: a busy one is refused before the slow load
+    try:
+        _serve_on(listener, spec, host, port, project_dir, config_path, ready_file, on_ready, api_key,
+                  served_model_name, cached_only, adapters, admin_key, adapter_packages, follow_interval)
+    finally:
+        listener.close()
+
+
+def _serve_on(listener: socket.socket, spec: str, host: str, port: int, project_dir: Path, config_path: Path | None,
+              ready_file: Path | None, on_ready: Callable[[dict[str, Any]], None] | None, api_key: str | None,
+              served_model_name: str | None, cached_only: bool, adapters: bool, admin_key: str | None,
+              adapter_packages: Sequence[str], follow_interval: float) -> None:
     package = resolve_package(spec, project_dir, cached_only=cached_only)
     refuse_adapter_package(spec, package)
-    settings = _settings(config_path) if config_path is not None else package_settings(package)
+    given = _project_file(project_dir, config_path)
+    settings = _settings(given) if given is not None else package_settings(package)
     follower = None
     if adapters or adapter_packages:
         from release.serving.adapters import AdapterTable  # noqa: PLC0415 - only a server of adapters
@@ -77,7 +91,7 @@ def serve(spec: str, *, host: str = "127.0.0.1", port: int = 8000, project_dir: 
             on_ready(info)
 
     try:
-        run_server(state, host, port, ready_file=ready_file, on_ready=ready)
+        run_server(state, host, port, ready_file=ready_file, on_ready=ready, sock=listener)
     finally:
         if follower is not None:
             follower.stop()
@@ -138,3 +152,8 @@ def _stderr(message: str) -> None:
 
 def _settings(config_path: Path) -> ServerSettings:
     return load_config(config_path).serving.server
+
+
+def _project_file(project_dir: Path, given: Path | None) -> Path | None:
+    """--config FILE against the project folder, as every project command reads -c (release/config.py)."""
+    return None if given is None else project_config_path(project_dir, given)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -170,6 +171,28 @@ def logprobs_body(scores: list[TokenScore], texts: list[str], tops: list[dict[st
         at += len(text)
     return {"tokens": texts, "token_logprobs": [s.logprob for s in scores], "top_logprobs": tops,
             "text_offset": offsets}
+
+
+def listed_tokens(ids: Sequence[int], eos_ids: Collection[int], text: str, reason: str,
+                  decode: Callable[[list[int]], str]) -> int:
+    """How many of the generated tokens `ids` a scored answer lists (docs/harness.md): all of them, a final EOS
+    included, unless a stop string cut the text; then each token whose text starts within the returned `text`.
+
+    Where a token starts is read from the tokenizer's own decoding of the tokens before it, never by adding up
+    each token's own text: a byte-level piece of a character, or a word piece whose leading space only shows
+    in context, has another length alone (sampled answers are full of them: the sum ran past the text, and
+    the tokens after, EOS included, went missing)."""
+    if reason != "stop" or not ids or ids[-1] in eos_ids:
+        return len(ids)   # EOS or max_tokens ended it: nothing was cut
+    low, high = 0, len(ids)   # tokens start at non-decreasing offsets: the first one starting at or past the end
+    while low < high:
+        mid = (low + high) // 2
+        # A prefix ending inside a character decodes its partial bytes as U+FFFD: that character starts earlier.
+        if len(decode(list(ids[:mid])).rstrip("\ufffd")) < len(text):
+            low = mid + 1
+        else:
+            high = mid
+    return low
 
 
 def chunk_body(rid: str, model: str, text: str | None, finish: str | None, chat: bool, first: bool) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from release.serving.protocol import (
     RequestProblem,
     chunk_body,
     completion_body,
+    listed_tokens,
     logprobs_body,
     sse,
     usage,
@@ -133,26 +134,23 @@ class Run:
         body = completion_body(self.rid, self.state.model_name, self.p.prompt + text if params.echo else text,
                                finished.reason, self.p.chat)
         if params.scored:
-            body["choices"][0]["logprobs"] = self.logprobs(text)
+            body["choices"][0]["logprobs"] = self.logprobs(text, finished.reason)
         body["usage"] = usage(len(self.p.prompt_ids), finished.output_tokens)
         return Response(json.dumps(body), media_type="application/json")
 
-    def logprobs(self, text: str) -> dict[str, Any]:
-        """The response's `logprobs`: the prompt's tokens (echo), then the generated ones whose text starts
-        within the returned text (a stop string's tokens are cut with it) and a final EOS, by the runner's
-        scores."""
+    def logprobs(self, text: str, reason: str) -> dict[str, Any]:
+        """The response's `logprobs`: the prompt's tokens (echo), then every generated token and a final EOS
+        (docs/harness.md), by the runner's scores; after a stop string, only the tokens whose text starts within
+        the returned text (the stop string's tokens are cut with it)."""
         engine = self.state.engine
         scorer = engine.scorer
         assert scorer is not None and self.job is not None  # a scored request is admitted only then
         prompt = self.job.prompt_scores if self.p.params.echo else []
         output = self.job.output_scores
-        texts = scorer.token_texts([s.token for s in output])
-        kept, at = 0, 0
-        while kept < len(texts) and (at < len(text) or output[kept].token in engine.runner.eos_ids):
-            at += len(texts[kept])
-            kept += 1
+        kept = listed_tokens([s.token for s in output], engine.runner.eos_ids, text, reason, scorer.decode)
+        texts = scorer.token_texts([s.token for s in output[:kept]])
         scores = [*prompt, *output[:kept]]
-        all_texts = scorer.token_texts([s.token for s in prompt]) + texts[:kept]
+        all_texts = scorer.token_texts([s.token for s in prompt]) + texts
         shown = {t for s in scores for t, _ in s.top or ()}
         names = dict(zip(sorted(shown), scorer.token_texts(sorted(shown)), strict=True))
         tops: list[dict[str, float] | None] = []

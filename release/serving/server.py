@@ -4,10 +4,12 @@ or as a child process other code drives (the load gate, tests, benchmarks)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,9 +50,34 @@ def load_state(package: ServedPackage, settings: ServerSettings, project_dir: Pa
     return ServerState(engine, package.identity, metrics, RequestLog(policy, log_dir))
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's socket, bound now: `relctl serve` takes its port before it verifies and loads the model, so
+    a busy port is exit 2 in a second naming the port (not a traceback after a minute's load)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise InputError(f"--host {host}: {exc.strerror}", hint="give an address of this machine, e.g. 127.0.0.1 "
+                         "or 0.0.0.0") from exc
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT port is free
+        sock.bind(address)
+        sock.listen(2048)   # listening holds the port (two bound-only SO_REUSEADDR sockets could share it)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(f"port {port} on {host} is already in use (another server listens there)",
+                             hint="pick a free one with --port (0: any free port), or stop what listens there") from exc
+        raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                         hint="pick another --port (ports below 1024 need privileges) or --host") from exc
+    return sock
+
+
 def run_server(state: ServerState, host: str, port: int, ready_file: Path | None = None,
-               on_ready: Any = None) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting, let in-flight requests finish, and return."""
+               on_ready: Any = None, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT/SIGTERM; then stop accepting, let in-flight requests finish, and return. `sock`: the
+    listener bind_listener took (host and port are then only what it was bound to)."""
 
     config = uvicorn.Config(
         create_app(state), host=host, port=port, lifespan="on", log_level="warning", access_log=False,
@@ -64,7 +91,7 @@ def run_server(state: ServerState, host: str, port: int, ready_file: Path | None
     stopped_by: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, _: stopped_by.append(signum))
     try:
-        asyncio.run(_serve(server, state, ready_file, on_ready))
+        asyncio.run(_serve(server, state, ready_file, on_ready, sock))
     finally:
         signal.signal(signal.SIGTERM, previous)
     if stopped_by:
@@ -86,8 +113,9 @@ def _log_to_stderr() -> None:
         logger.propagate = False
 
 
-async def _serve(server: Any, state: ServerState, ready_file: Path | None, on_ready: Any) -> None:
-    task = asyncio.create_task(server.serve())
+async def _serve(server: Any, state: ServerState, ready_file: Path | None, on_ready: Any,
+                 sock: socket.socket | None = None) -> None:
+    task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
     while not server.started:
         if task.done():
             await task

@@ -39,6 +39,11 @@ def create_keypair(project_dir: Path, *, if_missing: bool = False) -> KeyPair:
     private, public = project_dir / DEFAULT_KEY, project_dir / DEFAULT_PUBLIC
     if private.exists() and public.exists() and if_missing:
         return KeyPair(private, public, fingerprint(_public_pem_of(public)), created=False)
+    dangling = [p for p in (private, public) if p.is_symlink() and not p.exists()]
+    if dangling:   # O_EXCL would fail on it (exit 3), and writing through it would put the key wherever it points
+        raise InputError(f"{dangling[0]} is a symlink to {os.readlink(dangling[0])}, which does not exist",
+                         hint=f"remove the link ({dangling[0]}) or restore what it points to, then run relctl keygen "
+                              "again")
     existing = [p for p in (private, public) if p.exists()]
     if existing:
         raise InputError(f"{', '.join(str(p) for p in existing)} already exist{'s' if len(existing) == 1 else ''}: "

@@ -21,6 +21,11 @@ SERIES = {"1": [10.0, 11.0, 10.5, 9.8, 10.2, 10.9, 11.2, 10.1, 10.4, 10.7, 10.3,
 COUNTS = {("errors", "1"): 1, ("errors", "2"): 30, ("requests", "1"): 400, ("requests", "2"): 100}
 
 
+SHAPES: dict[str, Any] = {"0": [1, 2], "1": {"status": "success", "data": 5},
+                          "2": {"status": "success", "data": {"result": [5]}},
+                          "3": {"status": "success", "data": {"result": [{"values": [[1]]}]}}}
+
+
 class FakePrometheus(BaseHTTPRequestHandler):
     seen: ClassVar[list[dict[str, Any]]] = []
 
@@ -30,7 +35,9 @@ class FakePrometheus(BaseHTTPRequestHandler):
         self.seen.append({"path": parsed.path, **params})
         query = params.get("query", "")
         side = "2" if 'version="2"' in query else "1"
-        if "broken" in query:
+        if "shape" in query:   # a server answering JSON of another shape (a proxy, another API)
+            body = SHAPES[query.split("shape", 1)[1][0]]
+        elif "broken" in query:
             body: dict[str, Any] = {"status": "error", "errorType": "bad_data", "error": "parse error at char 1"}
         elif parsed.path == "/api/v1/query_range":
             start = float(params["start"])
@@ -86,3 +93,13 @@ def test_a_query_prometheus_rejects_is_one_line(prometheus: str) -> None:
         source.data(0.0, 10.0)
     with pytest.raises(InputError, match=r"prometheus http://127\.0\.0\.1:9"):
         PrometheusSource("http://127.0.0.1:9", {"production": "1", "candidate": "2"}).data(0.0, 10.0)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_an_answer_of_another_shape_is_one_line_not_a_crash(prometheus: str, shape: str) -> None:
+    """Issue 40: JSON of another shape from a server (a list, `data: 5`, a series that is no object, a pair of
+    one) is exit 2 naming the URL, never exit 3 from the arithmetic after."""
+    source = PrometheusSource(prometheus, {"production": 'version="1"', "candidate": 'version="2"'},
+                              PrometheusQueries(latency={"ttft_ms": f"shape{shape}"}))
+    with pytest.raises(InputError, match=r"prometheus http://127\.0\.0\.1:\d+/api/v1/query"):
+        source.data(0.0, 10.0)

@@ -72,6 +72,18 @@ def test_the_rolled_back_versions_card_carries_the_reason_as_text(rolled_back: P
     assert "<img" not in card and "\n# Injected" not in card
 
 
+def test_the_registry_page_carries_the_reason_as_one_escaped_cell(rolled_back: Path) -> None:
+    """The registered model's page (MLflow's UI renders it) lists the alias history: the reason's newline forges no
+    row and its HTML and Markdown stay text (issue 40: the cell only replaced '|' and newlines)."""
+    page = Registry(resolve_store(rolled_back)).client.get_registered_model(MODEL).description
+    # The page's own headings and version links are h2 and a: the reason adds none (its link stays text).
+    assert set(rendered_tags(page)) & (INJECTED - {"a", "h2"}) == set(), page
+    assert "](https://evil" not in page and page.count("\n## ") == 2
+    rows = [line for line in page.splitlines() if line.startswith("| 20")]
+    assert len(rows) == 3, rows   # two promotes, one rollback
+    assert "<img" not in page and raw_controls(page) == []
+
+
 def report_with(texts: list[str]) -> ReleaseReport:
     report = ReleaseReport(model="tiny-llm", training_run="a" * 32, release_run="b" * 32, precision="int4",
                            lineage={"training": {"run_id": "a" * 32, "run_name": texts[4] + texts[5]}})

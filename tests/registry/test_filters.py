@@ -28,3 +28,16 @@ def test_a_value_with_a_quote_is_found_exactly_and_one_with_both_is_refused(proj
             literal(bad)
     with pytest.raises(InputError):
         identifier("a`b")
+
+
+def test_no_filter_string_in_release_pastes_a_value_between_quotes() -> None:
+    """Every filter relctl builds quotes through `literal` (issue 40: gc pasted `name = '{name}'` and a model
+    named team's-model was exit 3)."""
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "release"
+    pasted = re.compile(r"""(=|!=|LIKE|ILIKE)\s*(?:'\{|"\{|\\'\{)""")
+    found = [f"{p.relative_to(root.parent)}:{n}" for p in root.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if pasted.search(line) and ("search_" in line or "filter" in line or "query" in line)]
+    assert found == []

@@ -107,3 +107,18 @@ def test_request_body_carries_the_temperature_and_synthetic_lengths_follow_outpu
     assert {s.output_tokens for s in samples} == {32}  # what --help says: every synthetic request asks for 32
     _, sized = plan_traffic(Traffic(requests=200, output_tokens=32), max_model_len=128)
     assert max(len(s.prompt) for s in sized) <= 128 - 32 - 4 < max(len(s.prompt) for s in samples)
+
+
+def test_a_stop_string_cuts_the_listed_tokens_where_the_text_ends() -> None:
+    """Scored answers (issue 40): token starts come from decoding the tokens before them, so a byte piece of a
+    character (alone: U+FFFD, one character too many) does not push later tokens out; only a stop string cuts."""
+    from release.serving.protocol import listed_tokens
+
+    def decode(ids: list[int]) -> str:   # a byte-level tokenizer's own decoding: one id per UTF-8 byte
+        return bytes(ids).decode("utf-8", "replace")
+
+    ids = list("né done".encode())   # 'é' is two byte tokens
+    eos = {0}
+    assert listed_tokens([*ids, 0], eos, "né done", "stop", decode) == len(ids) + 1   # EOS listed last
+    assert listed_tokens(ids, eos, "né done", "length", decode) == len(ids)
+    assert listed_tokens(ids, eos, "né", "stop", decode) == 3   # stop string " done": n, and é's two bytes

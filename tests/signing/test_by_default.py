@@ -176,8 +176,9 @@ def test_signing_off_says_unsigned_in_words(project_dir: Path, tmp_path: Path,
     v1 = _register(project_dir, tmp_path, 1)
     status = relctl(project_dir, "status", MODEL)
     assert "unsigned" in status.stdout
-    verified = relctl(project_dir, "verify", f"{MODEL}/{v1}")
-    assert verified.exit_code == 0 and "unsigned" in verified.stdout
+    verified = relctl(project_dir, "verify", f"{MODEL}/{v1}")   # fails closed: nothing vouches for the manifest
+    assert verified.exit_code == 2 and "no signature was verified" in verified.stderr
+    assert "signing: off" in verified.stderr and verified.stdout == ""
     history = relctl(project_dir, "history", MODEL)
     assert history.stdout.splitlines()[0].startswith("unsigned:")
     card = Registry(resolve_store(project_dir)).get_version(MODEL, v1).description

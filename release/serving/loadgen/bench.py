@@ -39,7 +39,7 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
               do_sweep: bool = False, sweep_rates: list[float] | None = None, step_duration_s: float = 10.0,
               base_dir: Path | None = None, segment: Segment | None = None,
               start_at: float | None = None, labels: list[str] | None = None,
-              repeat_best: bool = False) -> dict[str, Any]:
+              repeat_best: bool = False, max_duration_s: float | None = None) -> dict[str, Any]:
     """Benchmark `urls[0]` (and compare with the rest); returns the report also written to summary.json.
 
     `client.base_url` is ignored (each URL is used in turn); `client.model` None: ask each endpoint.
@@ -71,13 +71,13 @@ def run_bench(urls: list[str], traffic: Traffic, slos: SLOs, client: ClientOptio
     if do_sweep:
         (opts,) = endpoints.values()
         result = sweep(opts, traffic, slos, step_duration_s=step_duration_s, rates=sweep_rates, base_dir=base_dir,
-                       max_model_len=context, repeat_best=repeat_best)
+                       max_model_len=context, repeat_best=repeat_best, max_duration_s=max_duration_s)
         runs = result.steps
         best = result.best
         out_dir.mkdir(parents=True, exist_ok=True)
         report.update(kind="sweep", best_rate=best.rate if best else None,
                       best=best.to_json() if best else None,
-                      repeat=result.repeat.to_json() if result.repeat else None)
+                      repeat=result.repeat.to_json() if result.repeat else None, stopped=result.stopped)
         report["plots"] = [str(plot_latency_vs_rate(runs, out_dir / "latency-vs-rate.png")),
                            str(plot_cdfs(runs, out_dir / "latency-cdf.png", slos))]
     else:

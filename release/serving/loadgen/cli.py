@@ -145,6 +145,8 @@ def run_command(url: str, others: tuple[str, ...], arrival: str, rate: float | N
         rates = [float(r) for r in sweep_rates.split(",")] if sweep_rates else None
     except ValueError as exc:
         raise InputError(f"--sweep-rates {sweep_rates}: not a list of numbers", hint="e.g. 1,2,4,8") from exc
+    if rates and not all(r > 0 for r in rates):   # a rate of 0 never sends its step's requests
+        raise InputError(f"--sweep-rates {sweep_rates}: every rate must be above 0 (requests/s)", hint="e.g. 1,2,4,8")
     traffic = Traffic(arrival=arrival, rate=rate, burstiness=burstiness, requests=count,
                       trace=str(trace) if trace else None, dataset=str(dataset) if dataset else None,
                       output_tokens=output_tokens, seed=seed, warmup=warmup)

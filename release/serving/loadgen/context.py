@@ -46,7 +46,7 @@ def discover(base_url: str, timeout_s: float = 10.0) -> EndpointInfo:
     except (OSError, http.client.HTTPException, ValueError, AttributeError) as exc:
         raise InputError(f"{base_url}: cannot list models ({exc.__class__.__name__})",
                          hint="check the URL and that the server is up, or pass --model NAME") from exc
-    if not data or not isinstance(data[0], dict):
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):   # another shape: nothing stated
         return EndpointInfo(None, None)
     length = data[0].get("max_model_len")
     valid = isinstance(length, int) and not isinstance(length, bool) and length > 0

@@ -74,6 +74,7 @@ class SweepResult:
     # The best step sent again, same seeded plan, right after the sweep: its spread from the first is the
     # repeat noise of this endpoint on this machine now (an engines table calls rows within it a tie).
     repeat: RunResult | None = None
+    stopped: str | None = None   # why the sweep ended early (its max_duration_s), when it did
 
     @property
     def best(self) -> RunResult | None:
@@ -159,15 +160,42 @@ def compare(endpoints: dict[str, ClientOptions], traffic: Traffic, slos: SLOs, b
     return runs, plan_digest(offsets, samples), len(offsets)
 
 
+MIN_STEP_REQUESTS = 20  # a step's percentiles need this many requests, however low its rate
+
+
+def step_seconds(rate: float, step_duration_s: float, min_requests: int = MIN_STEP_REQUESTS) -> float:
+    """How long one sweep step at `rate` sends for: max(min_requests, rate x step_duration_s) requests at `rate`
+    (at 0.001 req/s, 20 requests take 20000 s, whatever step_duration_s says)."""
+    return max(min_requests, round(rate * step_duration_s)) / rate
+
+
+def planned_sweep_s(rates: Sequence[float], step_duration_s: float) -> float:
+    """The sending time of a sweep over the given rates (warm-up and the engine's own time not counted)."""
+    return sum(step_seconds(r, step_duration_s) for r in rates)
+
+
+class _OutOfTime(Exception):
+    """The next step would end past the sweep's max_duration_s."""
+
+
 def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: float = 10.0,
-          rates: list[float] | None = None, max_steps: int = 8, refine: int = 3, min_requests: int = 20,
-          base_dir: Path | None = None, max_model_len: int | None = None, repeat_best: bool = False) -> SweepResult:
+          rates: list[float] | None = None, max_steps: int = 8, refine: int = 3, min_requests: int = MIN_STEP_REQUESTS,
+          base_dir: Path | None = None, max_model_len: int | None = None, repeat_best: bool = False,
+          max_duration_s: float | None = None) -> SweepResult:
     """Find the highest rate meeting the SLOs: the given rates, or double from traffic.rate until a
     step fails, then bisect between the last passing and the first failing rate `refine` times.
-    `repeat_best`: send the best step's plan once more (SweepResult.repeat)."""
+    `repeat_best`: send the best step's plan once more (SweepResult.repeat). `max_duration_s`: no step starts
+    that would end past it (its planned sending time counted); the sweep stops there and says so (`stopped`)."""
     result = SweepResult()
+    started = time.monotonic()
 
     def run_step(rate: float, label: str) -> RunResult:
+        if max_duration_s is not None:
+            need = step_seconds(rate, step_duration_s, min_requests)
+            if time.monotonic() - started + need > max_duration_s:
+                result.stopped = (f"stopped before the step at rate {rate:g} (it sends for {need:.0f}s): the sweep's "
+                                  f"cap is max_duration_s {max_duration_s:g}s")
+                raise _OutOfTime
         n = max(min_requests, round(rate * step_duration_s))
         offsets, samples = plan_traffic(traffic.model_copy(update={"requests": n}), rate, base_dir, max_model_len,
                                         opts.endpoint)
@@ -178,7 +206,10 @@ def sweep(opts: ClientOptions, traffic: Traffic, slos: SLOs, step_duration_s: fl
         result.steps.append(run)
         return run.passed
 
-    _search(step, rates, traffic.rate or 1.0, max_steps, refine)
+    try:
+        _search(step, rates, traffic.rate or 1.0, max_steps, refine)
+    except _OutOfTime:
+        return result
     best = result.best
     if repeat_best and best is not None and best.rate is not None:
         result.repeat = run_step(best.rate, f"rate-{best.rate:g}-repeat")
