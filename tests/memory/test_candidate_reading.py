@@ -4,24 +4,16 @@ int4 build measured 6.80 GB, and `relctl check`'s shape estimate was within 0.00
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.limits.test_memory_limit import scaling  # benchmarks/scaling.py, loaded by path
+
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 1000,
         "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
 MEASURED_8B_INT4 = 6.80e9  # the issue's 8B int4 candidate, GB of 10^9 bytes to the printed 3 digits
-
-
-def scaling() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scaling_benchmark", ROOT / "benchmarks" / "scaling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_an_untied_embedding_is_counted_twice_a_tied_one_once() -> None:
