@@ -4,7 +4,6 @@ int4 build measured 6.80 GB, and `relctl check`'s shape estimate was within 0.00
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
