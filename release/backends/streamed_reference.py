@@ -114,8 +114,7 @@ class StreamedReference(FolderFacts):
         import torch  # noqa: PLC0415 - relctl's [models] extra
 
         self._torch: Any = torch
-        self.threads = threads_for_this_machine()
-        torch.set_num_threads(self.threads)
+        self.threads = threads_for_this_machine()  # set for each computation only, and given back after it
         config = self._read_facts(model_dir)
         why = supported(config)
         if why is not None:
@@ -271,6 +270,17 @@ class StreamedReference(FolderFacts):
         for start in range(0, len(prompts), BATCH):  # the transformers reference's cap, group by group
             group = prompts[start:start + BATCH]
             budgets += [max(0, min(max_new_tokens, self._context - max(len(p) for p in group)))] * len(group)
+        # torch's thread count is the process's: a reference inside a longer process (promote's later stages,
+        # a test session's in-process commands) must not leave every later torch call on its count.
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self._generate(prompts, budgets)
+        finally:
+            torch.set_num_threads(before)
+
+    def _generate(self, prompts: list[list[int]], budgets: list[int]) -> list[tuple[list[int], np.ndarray]]:
+        torch = self._torch
         cache: list[list[tuple[Any, Any]]] = [[] for _ in prompts]
         continuations: list[list[int]] = [[] for _ in prompts]
         logits: list[list[Any]] = [[] for _ in prompts]

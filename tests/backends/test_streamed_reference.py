@@ -75,3 +75,21 @@ def test_an_unsupported_family_goes_to_transformers() -> None:
 @pytest.mark.parametrize("new_tokens", [0])
 def test_no_new_tokens_is_the_prompt_logits_alone(tiny_base_only: Path, new_tokens: int) -> None:
     compare(tiny_base_only, new_tokens)
+
+
+def test_the_reference_gives_torchs_thread_count_back(tiny_base_only: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's thread count is the whole process's: a reference computed inside a longer process (promote's
+    later stages, a test session's in-process commands) sets its own for its computation only."""
+    import torch
+
+    import release.backends.streamed_reference as streamed
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(streamed, "threads_for_this_machine", lambda: before + 1)
+    seen: list[int] = []
+    reference = StreamedReference(tiny_base_only)
+    forward = reference._forward
+    monkeypatch.setattr(reference, "_forward", lambda *a: seen.append(torch.get_num_threads()) or forward(*a))
+    reference.generate_with_logits(reference.encode("reverse b d a f ->"), 2)
+    assert seen and set(seen) == {before + 1}  # its own count while it computes
+    assert torch.get_num_threads() == before   # and the process's back afterwards
