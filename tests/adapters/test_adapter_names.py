@@ -17,9 +17,8 @@ from release.cli import cli
 from release.core.weights_digest import folder_base_digest
 from release.registry import Registry
 from release.registry import tags as T
-from release.registry.store import connect, ensure_experiment, resolve_store
-from release.registry.transitions import promote as promote_version
-from tests.adapters.test_base_match import BASE, adapter_version, base_version, other_base
+from release.registry.store import resolve_store
+from tests.adapters.test_base_match import BASE, adapter_version, base_version, other_base, production_version
 from tests.conftest import load_train_module
 
 SUPPORT = f"{BASE}-support"
@@ -32,16 +31,8 @@ def relctl(project: Path, *args: str) -> Result:
 
 def whole_model(project: Path, name: str) -> None:
     """A whole model's version under `name` (tags as a merged release records them), made production."""
-    store = resolve_store(project)
-    connect(store)
-    registry = Registry(store)
-    with mlflow.start_run(experiment_id=ensure_experiment(store, "releases")) as run:
-        pass
-    registry.ensure_model(name, "test")
-    tags = {T.RELEASE_RUN: run.info.run_id, T.BACKEND: "vllm", T.PRECISION: "fp32",
-            T.BASE_SHA256: "sha256:" + "ef" * 32}
-    mv = registry.create_version(name, run.info.artifact_uri + "/package", run.info.run_id, tags, "whole")
-    promote_version(registry, name, str(mv.version), "test whole model", run.info.run_id)
+    production_version(project, name, {T.BACKEND: "vllm", T.PRECISION: "fp32", T.BASE_SHA256: "sha256:" + "ef" * 32},
+                       "whole model")
 
 
 def snapshot(project: Path, *names: str) -> dict[str, Any]:

@@ -125,20 +125,26 @@ def test_digest_prints_the_base_digest_a_run_logs(tiny_run: Any, project_dir: Pa
         assert lines[0].startswith("error: ") and lines[1].startswith("hint: "), lines
 
 
-def adapter_version(project: Path, name: str, base_version_number: str, digest: str,
-                    training_run: str | None = None) -> None:
+def production_version(project: Path, name: str, tags: dict[str, str], description: str) -> None:
+    """A version of `name` registered from a fresh release run with `tags` (its run id added), made production."""
     store = resolve_store(project)
     connect(store)
     registry = Registry(store)
     with mlflow.start_run(experiment_id=ensure_experiment(store, "releases")) as run:
         pass
     registry.ensure_model(name, "test")
-    tags = {T.RELEASE_RUN: run.info.run_id, T.BACKEND: "vllm", T.KIND: "adapter", T.BASE_MODEL: BASE,
-            T.BASE_VERSION: base_version_number, T.BASE_SHA256: digest}
+    tags = {T.RELEASE_RUN: run.info.run_id, **tags}
+    mv = registry.create_version(name, run.info.artifact_uri + "/package", run.info.run_id, tags, description)
+    promote_version(registry, name, str(mv.version), f"test {description}", run.info.run_id)
+
+
+def adapter_version(project: Path, name: str, base_version_number: str, digest: str,
+                    training_run: str | None = None) -> None:
+    tags = {T.BACKEND: "vllm", T.KIND: "adapter", T.BASE_MODEL: BASE, T.BASE_VERSION: base_version_number,
+            T.BASE_SHA256: digest}
     if training_run:
         tags[T.TRAINING_RUN] = training_run
-    mv = registry.create_version(name, run.info.artifact_uri + "/package", run.info.run_id, tags, "adapter")
-    promote_version(registry, name, str(mv.version), "test adapter", run.info.run_id)
+    production_version(project, name, tags, "adapter")
 
 
 def test_a_base_rollback_that_would_strand_adapters_is_refused(project_dir: Path) -> None:
