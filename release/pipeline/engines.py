@@ -225,12 +225,12 @@ def choose(comparison: Comparison) -> EngineRow:
         if row is not chosen:
             row.rejected = why_not(row, chosen, eligible)
     comparison.chosen = chosen
-    ties = [r.label for r in eligible if r is not chosen and tied(r, chosen)]
+    tie_rows = [r for r in eligible if r is not chosen and tied(r, chosen)]
+    ties = [r.label for r in tie_rows]
     by = "paired quality, then memory per replica" if chosen.quality is not None else "memory per replica"
     named = ", ".join(ties) if len(ties) <= 2 else f"{len(ties)} others (each row says why)"
     # The chosen line says why the rows are a tie (repeat noise, or both capped at the top rate), not only that
     # they are: a reviewer reading one line must see what the measurement could not tell apart.
-    tie_rows = [r for r in eligible if r is not chosen and tied(r, chosen)]
     because = f", {why_tied(chosen, tie_rows[0])}" if tie_rows else ""
     broken = f" (a tie with {named}{because}: broken by {by})" if ties else ""
     quality = f", paired quality {chosen.quality:+.4f}" if chosen.quality is not None else ""
